@@ -1,0 +1,70 @@
+// speedmla/decode.h — MLA decode and speculative verify over a paged latent KV cache.
+//
+// The "absorbed" form of Multi-head Latent Attention: every head's query lives in the 576-wide
+// latent space (512 latent + 64 rope dims); keys are whole cache rows, values their first 512
+// columns, and the output stays in latent space (the model applies W_UV afterwards).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "speedmla/tensor.h"
+
+namespace speedmla {
+
+inline constexpr int kLatentDim = 512;                      // kv_lora_rank; also the output width
+inline constexpr int kRopeDim = 64;                         // qk_rope_head_dim
+inline constexpr int kCacheRowDim = kLatentDim + kRopeDim;  // 576: one cache row, one query row
+inline constexpr int kMaxDecodeHeads = 128;
+
+// Page sizes the decode kernels support: the powers of two 8, 16, 32, 64, 128. Others (1, 2, 4,
+// non-powers of two) are refused by mla_decode with an Error; the CPU reference takes any size.
+bool decode_page_size_supported(int64_t page_size);
+
+// Bytes of workspace mla_decode needs on a GPU with `num_sms` multiprocessors for a batch of
+// `batch` requests, `num_heads` heads and `q_len` query tokens per request. It is an upper bound
+// that does not depend on sequence lengths, so a caller can allocate once for the largest batch
+// and reuse the buffer (also inside CUDA-graph capture). The buffer needs no initialisation.
+// Throws Error if an argument is not positive.
+size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms);
+
+// Number of multiprocessors of CUDA device `device` (cached after the first query; no sync).
+int device_sm_count(int device);
+
+// Decode / speculative verify.
+//
+//   q            [B, q_len, H, 576]  FP8 e4m3 or BF16; last dim contiguous, any other strides
+//                                    (multiples of 16 bytes). 1 <= H <= 128, q_len >= 1.
+//   kv_cache     [num_pages, page_size, 576]  same dtype as q. Rows contiguous inside a page;
+//                                    page stride >= page_size*576 elements, 16-byte aligned.
+//                                    Page 0 is the conventional null page for padding.
+//   block_table  [B, max_pages] int32: page ids of each request, in order. Entries past a
+//                                    request's length are never read (padding may be anything).
+//   seq_lens     [B] int32: KV length of each request INCLUDING its q_len new tokens (already
+//                                    written to the cache). Read on the device only.
+//   out          [B, q_len, H, 512] BF16 (written), last dim contiguous.
+//   lse          optional [B, q_len, H] FP32 (written): natural-log log-sum-exp of the scaled
+//                                    scores, -inf for a row that sees no key.
+//   workspace    GPU: uint8 buffer of >= mla_decode_workspace_size(B, H, q_len, SMs) bytes on
+//                                    the same device, 256-byte aligned. CPU: may be std::nullopt.
+//   softmax_scale  multiplies q·k (fold every q/k dequantisation scale into it).
+//   output_scale   multiplies the output (where a V dequantisation scale goes).
+//   stream       CUDA stream for device tensors.
+//
+// Query token t (0-based) of request b sees keys k < seq_lens[b] - (q_len - 1) + t, i.e. the
+// causal mask inside the draft window, aligned to the end of the sequence:
+//   out[b,t,h,:] = output_scale * sum_k softmax_k(softmax_scale * q[b,t,h,:]·kv[k,:]) * kv[k,0:512]
+//
+// On the GPU the call allocates nothing, never synchronises with the host and never reads
+// seq_lens on the host, so it can be captured in a CUDA graph and replayed with new seq_lens,
+// block tables and queries. Device-side values it cannot check on the host are made harmless:
+// a seq_len below 0 or above max_pages*page_size gives NaN output and lse for that request
+// (never an out-of-bounds read); out-of-range page ids read zeros.
+// Throws Error for any shape, dtype, stride, alignment, device or size it can check.
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out,
+                const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
+                float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr);
+
+}  // namespace speedmla

@@ -1,0 +1,35 @@
+// speedmla/prefill.h — ragged multi-head attention for MLA prefill (the "un-absorbed" form).
+#pragma once
+
+#include <optional>
+
+#include "speedmla/tensor.h"
+
+namespace speedmla {
+
+inline constexpr int kPrefillQkDim = 192;  // qk_nope_head_dim (128) + qk_rope_head_dim (64)
+inline constexpr int kPrefillVDim = 128;   // v_head_dim
+
+// Ragged (variable-length, packed) attention over B requests.
+//
+//   q             [total_q, H, 192]     FP8 e4m3 or BF16; last dim contiguous.
+//   k             [total_k, H_kv, 192]  same dtype as q; H must be a multiple of H_kv.
+//   v             [total_k, H_kv, 128]  same dtype as q.
+//   cu_seqlens_q  [B+1] int32: request b owns q rows [cu_seqlens_q[b], cu_seqlens_q[b+1]);
+//                 non-decreasing, cu_seqlens_q[0] = 0, cu_seqlens_q[B] <= total_q.
+//   cu_seqlens_k  [B+1] int32: likewise for k and v rows. Requests with 0 queries or 0 keys
+//                 are legal.
+//   out           [total_q, H, 128] BF16 (written; rows past cu_seqlens_q[B] untouched).
+//   lse           optional [total_q, H] FP32 (written): natural log; -inf for a row with no key.
+//   causal        bottom-right aligned: query i of a request with len_q queries and len_k keys
+//                 sees key j iff j <= i + (len_k - len_q). Non-causal sees all len_k keys.
+//   softmax_scale multiplies q·k; output_scale multiplies the output.
+//
+// CPU tensors run the reference. The GPU path is not available yet: CUDA tensors raise Error.
+// Throws Error for any shape, dtype, stride, device or cu_seqlens value it can check.
+void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                 const TensorView& out, const std::optional<TensorView>& lse, bool causal,
+                 float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr);
+
+}  // namespace speedmla

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs every dependency of speedmla, pinned, into the project-local folder .deps/,
+# then configures and builds the project into build/ (or $SPEEDMLA_BUILD_DIR).
+# Safe to re-run: installed pieces are detected and skipped; the build is incremental.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps="$root/.deps"
+build="${SPEEDMLA_BUILD_DIR:-$root/build}"
+
+# Pinned versions (the only place they are written).
+CUTLASS_VERSION=4.2.0.0          # PyPI nvidia-cutlass: CUTLASS/CuTe headers (installed --no-deps)
+TVM_FFI_VERSION=0.1.15.post2     # PyPI apache-tvm-ffi: DLPack header + the Python binding layer
+GTEST_DEBIAN_VERSION=1.12.1-0.2  # Debian libgtest-dev
+NUMPY_VERSION=2.2.6              # PyPI numpy: Python tests' reference
+PYTEST_VERSION=8.3.5             # PyPI pytest
+
+python=${PYTHON:-python3}
+pip_target="$deps/pip"
+mkdir -p "$deps"
+
+install_pip() {  # name==version, only when the stamp for that exact pin is missing
+  local spec=$1 stamp="$deps/.stamp-${1//[^A-Za-z0-9.]/_}"
+  [ -f "$stamp" ] && return 0
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target "$pip_target" "$spec"
+  touch "$stamp"
+}
+install_pip "nvidia-cutlass==$CUTLASS_VERSION"
+install_pip "apache-tvm-ffi==$TVM_FFI_VERSION"
+install_pip "numpy==$NUMPY_VERSION"
+install_pip "pytest==$PYTEST_VERSION"
+# pytest's own requirements, pinned.
+install_pip "iniconfig==2.1.0"
+install_pip "pluggy==1.6.0"
+install_pip "packaging==25.0"
+
+if [ ! -f /usr/include/gtest/gtest.h ]; then
+  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "libgtest-dev=$GTEST_DEBIAN_VERSION"
+fi
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DSPEEDMLA_DEPS_DIR="$deps"
+fi
+cmake --build "$build" -j "${SPEEDMLA_JOBS:-$(nproc)}"

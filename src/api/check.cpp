@@ -1,0 +1,98 @@
+#include "api/check.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+namespace speedmla::detail {
+
+void ArgChecker::defined(const TensorView& t, const char* name, int ndim) const {
+  require(t.ndim == ndim, name, " must have ", ndim, " dimensions, got ", t.ndim, " (shape ",
+          t.shape_string(), ")");
+  for (int d = 0; d < t.ndim; ++d)
+    require(t.shape[d] >= 0, name, ".shape[", d, "] must be >= 0, got ", t.shape[d]);
+  require(t.data != nullptr || t.numel() == 0, name, " has a null data pointer");
+}
+
+void ArgChecker::dtype(const TensorView& t, const char* name,
+                       std::initializer_list<DType> allowed) const {
+  if (std::find(allowed.begin(), allowed.end(), t.dtype) != allowed.end()) return;
+  std::string list;
+  for (DType d : allowed) list += std::string(list.empty() ? "" : " or ") + dtype_name(d);
+  fail(name, " must be ", list, ", got ", dtype_name(t.dtype));
+}
+
+void ArgChecker::dim(const TensorView& t, const char* name, int d, int64_t value) const {
+  require(t.shape[d] == value, name, ".shape[", d, "] must be ", value, ", got ", t.shape[d],
+          " (shape ", t.shape_string(), ")");
+}
+
+void ArgChecker::last_dim_contiguous(const TensorView& t, const char* name) const {
+  require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1, name,
+          " must be contiguous in its last dimension, got stride ", t.strides[t.ndim - 1]);
+}
+
+void ArgChecker::contiguous(const TensorView& t, const char* name) const {
+  require(t.is_contiguous(), name, " must be contiguous, got shape ", t.shape_string());
+}
+
+void ArgChecker::aligned(const TensorView& t, const char* name, int64_t bytes) const {
+  require(reinterpret_cast<uintptr_t>(t.data) % bytes == 0, name, " data must be ", bytes,
+          "-byte aligned");
+  const int64_t esize = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    require(t.shape[d] <= 1 || (t.strides[d] * esize) % bytes == 0, name, ".stride(", d,
+            ") must be a multiple of ", bytes, " bytes, got ", t.strides[d] * esize, " bytes");
+}
+
+void ArgChecker::same_device(const TensorView& t, const char* name, Device device) const {
+  require(t.device == device, name, " must be on ", device_name(device), ", got ",
+          device_name(t.device));
+}
+
+ByteRange byte_range(const TensorView& t) {
+  if (t.numel() == 0) return {};
+  const int64_t esize = static_cast<int64_t>(dtype_size(t.dtype));
+  int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    const int64_t span = (t.shape[d] - 1) * t.strides[d];
+    (span < 0 ? lo : hi) += span;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + lo * esize, base + (hi + 1) * esize};
+}
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (!(a.device == b.device)) return false;
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  return ra.begin < rb.end && rb.begin < ra.end;
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.device == b.device && a.ndim == b.ndim &&
+         std::equal(a.shape.begin(), a.shape.begin() + a.ndim, b.shape.begin()) &&
+         std::equal(a.strides.begin(), a.strides.begin() + a.ndim, b.strides.begin());
+}
+
+DeviceGuard::DeviceGuard(Device device) {
+  if (device.kind != DeviceKind::kCUDA) return;
+  int current = 0;
+  check_cuda(cudaGetDevice(&current), "DeviceGuard", "cudaGetDevice");
+  if (current != device.index) {
+    check_cuda(cudaSetDevice(device.index), "DeviceGuard", "cudaSetDevice");
+    previous_ = current;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+void check_cuda(int status, const char* function, const char* what) {
+  if (status == cudaSuccess) return;
+  const auto err = static_cast<cudaError_t>(status);
+  fail(function, ": CUDA error in ", what, ": ", cudaGetErrorName(err), " (",
+       cudaGetErrorString(err), ")");
+}
+
+}  // namespace speedmla::detail

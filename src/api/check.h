@@ -1,0 +1,82 @@
+// Argument validation shared by the entry points (src/api/*.cpp). Kernels never validate.
+//
+// Each check throws speedmla::Error with "<function>: <argument> <what was expected>, got <what
+// was seen>", so a caller can fix the call from the message alone.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "speedmla/error.h"
+#include "speedmla/tensor.h"
+
+namespace speedmla::detail {
+
+// Builds a message from streamable parts and throws Error.
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw Error(os.str());
+}
+
+// The checker for one call: carries the function name into every message.
+class ArgChecker {
+ public:
+  explicit ArgChecker(const char* function) : fn_(function) {}
+
+  template <typename... Parts>
+  [[noreturn]] void fail(const Parts&... parts) const { detail::fail(fn_, ": ", parts...); }
+
+  template <typename... Parts>
+  void require(bool condition, const Parts&... parts) const {
+    if (!condition) fail(parts...);
+  }
+
+  // data != nullptr (unless numel == 0), ndim as given.
+  void defined(const TensorView& t, const char* name, int ndim) const;
+  // dtype is one of the given ones.
+  void dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed) const;
+  // shape[dim] == value.
+  void dim(const TensorView& t, const char* name, int d, int64_t value) const;
+  // stride of the last dim is 1.
+  void last_dim_contiguous(const TensorView& t, const char* name) const;
+  void contiguous(const TensorView& t, const char* name) const;
+  // data pointer and every stride except the last (in bytes) are multiples of `bytes`.
+  void aligned(const TensorView& t, const char* name, int64_t bytes) const;
+  // `t` lives on `device`.
+  void same_device(const TensorView& t, const char* name, Device device) const;
+
+  const char* function() const { return fn_; }
+
+ private:
+  const char* fn_;
+};
+
+// Byte extent [lowest, highest] a view addresses; used for overlap checks.
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;  // half-open
+};
+ByteRange byte_range(const TensorView& t);
+bool overlaps(const TensorView& a, const TensorView& b);
+bool same_view(const TensorView& a, const TensorView& b);  // same data, shape and strides
+
+// Makes `device` current for the scope (no-op for CPU); restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Throws Error "<function>: CUDA error <name>: <string>" if `status` (a cudaError_t) is not 0.
+void check_cuda(int status, const char* function, const char* what);
+
+}  // namespace speedmla::detail

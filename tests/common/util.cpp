@@ -1,0 +1,171 @@
+#include "common/util.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace speedmla::test {
+
+bool has_gpu() {
+  static const bool available = [] {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }();
+  return available;
+}
+
+namespace {
+
+void cuda_check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+TensorView contiguous_view(void* data, DType dtype, Device device, const std::vector<int64_t>& shape) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.device = device;
+  v.ndim = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    v.shape[d] = shape[d];
+    v.strides[d] = stride;
+    stride *= shape[d];
+  }
+  return v;
+}
+
+}  // namespace
+
+HostTensor::HostTensor(DType dtype, std::initializer_list<int64_t> shape)
+    : HostTensor(dtype, std::vector<int64_t>(shape)) {}
+
+HostTensor::HostTensor(DType dtype, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  bytes_.assign(static_cast<size_t>(n) * dtype_size(dtype), 0);
+  view_ = contiguous_view(bytes_.data(), dtype, Device{}, shape);
+}
+
+DeviceTensor::DeviceTensor(const HostTensor& host)
+    : DeviceTensor(host.view().dtype,
+                   std::vector<int64_t>(host.view().shape.begin(),
+                                        host.view().shape.begin() + host.view().ndim)) {
+  upload(host);
+}
+
+DeviceTensor::DeviceTensor(DType dtype, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  nbytes_ = static_cast<size_t>(n) * dtype_size(dtype);
+  if (nbytes_) cuda_check(cudaMalloc(&ptr_, nbytes_), "cudaMalloc");
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  view_ = contiguous_view(ptr_, dtype, Device{DeviceKind::kCUDA, device}, shape);
+}
+
+DeviceTensor::~DeviceTensor() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept { *this = std::move(other); }
+
+DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
+  if (this != &other) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = other.ptr_;
+    nbytes_ = other.nbytes_;
+    view_ = other.view_;
+    other.ptr_ = nullptr;
+    other.nbytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceTensor::upload(const HostTensor& host) {
+  if (host.nbytes() != nbytes_) throw std::runtime_error("DeviceTensor::upload: size mismatch");
+  if (nbytes_) cuda_check(cudaMemcpy(ptr_, host.view().data, nbytes_, cudaMemcpyHostToDevice), "upload");
+}
+
+void DeviceTensor::download(HostTensor& host) const {
+  if (host.nbytes() != nbytes_) throw std::runtime_error("DeviceTensor::download: size mismatch");
+  if (nbytes_) cuda_check(cudaMemcpy(host.view().data, ptr_, nbytes_, cudaMemcpyDeviceToHost), "download");
+}
+
+HostTensor DeviceTensor::to_host() const {
+  HostTensor host(view_.dtype, std::vector<int64_t>(view_.shape.begin(), view_.shape.begin() + view_.ndim));
+  download(host);
+  return host;
+}
+
+void DeviceTensor::fill_bytes(uint8_t byte) {
+  if (nbytes_) cuda_check(cudaMemset(ptr_, byte, nbytes_), "cudaMemset");
+}
+
+double get(const HostTensor& t, int64_t i) {
+  switch (t.view().dtype) {
+    case DType::kFloat8E4M3: return fp8_e4m3_to_float(t.data<uint8_t>()[i]);
+    case DType::kBFloat16: return bf16_to_float(t.data<uint16_t>()[i]);
+    case DType::kFloat16: return fp16_to_float(t.data<uint16_t>()[i]);
+    case DType::kFloat32: return t.data<float>()[i];
+    case DType::kInt32: return t.data<int32_t>()[i];
+    case DType::kInt64: return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kUInt8: return t.data<uint8_t>()[i];
+  }
+  return 0;
+}
+
+void set(HostTensor& t, int64_t i, double value) {
+  const float f = static_cast<float>(value);
+  switch (t.view().dtype) {
+    case DType::kFloat8E4M3: t.data<uint8_t>()[i] = float_to_fp8_e4m3(f); break;
+    case DType::kBFloat16: t.data<uint16_t>()[i] = float_to_bf16(f); break;
+    case DType::kFloat16: t.data<uint16_t>()[i] = float_to_fp16(f); break;
+    case DType::kFloat32: t.data<float>()[i] = f; break;
+    case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(value); break;
+    case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(value); break;
+    case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(value); break;
+  }
+}
+
+void fill_uniform(HostTensor& t, std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) set(t, i, dist(rng));
+}
+
+void fill_bytes(HostTensor& t, uint8_t byte) {
+  std::memset(t.view().data, byte, t.nbytes());
+}
+
+std::string ErrorStats::summary() const {
+  std::ostringstream os;
+  os << "rel_l2=" << rel_l2 << " max_abs=" << max_abs << " nonfinite=" << nonfinite
+     << " mismatched_inf=" << mismatched_inf;
+  return os.str();
+}
+
+ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
+  if (actual.numel() != expected.numel()) throw std::runtime_error("compare: element counts differ");
+  ErrorStats s;
+  double diff2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    const double a = get(actual, i), b = get(expected, i);
+    if (std::isinf(b) || std::isinf(a)) {
+      if (a != b) ++s.mismatched_inf;
+      continue;
+    }
+    if (!std::isfinite(a) && std::isfinite(b)) { ++s.nonfinite; continue; }
+    if (std::isnan(b)) { if (!std::isnan(a)) ++s.nonfinite; continue; }
+    diff2 += (a - b) * (a - b);
+    ref2 += b * b;
+    s.max_abs = std::max(s.max_abs, std::abs(a - b));
+  }
+  s.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  return s;
+}
+
+}  // namespace speedmla::test
