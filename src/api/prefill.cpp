@@ -1,0 +1,106 @@
+// mla_prefill: validation at the boundary, then dispatch (CPU: the reference).
+#include "speedmla/prefill.h"
+
+#include <cmath>
+
+#include "api/check.h"
+#include "reference/element.h"
+#include "speedmla/reference.h"
+
+namespace speedmla {
+namespace {
+
+// cu_seqlens on the CPU: starts at 0, never decreases, ends within the packed rows.
+void check_cu_seqlens_values(const detail::ArgChecker& check, const TensorView& cu_seqlens,
+                             const char* name, int64_t total_rows, const char* rows_name) {
+  int64_t previous = 0;
+  for (int64_t b = 0; b < cu_seqlens.size(0); ++b) {
+    const int64_t value = reference::load_index(cu_seqlens, reference::offset_of(cu_seqlens, b));
+    if (b == 0) check.require(value == 0, name, "[0] must be 0, got ", value);
+    check.require(value >= previous, name, " must be non-decreasing, got ", name, "[", b, "] = ",
+                  value, " after ", name, "[", b - 1, "] = ", previous);
+    previous = value;
+  }
+  check.require(previous <= total_rows, name, "[", cu_seqlens.size(0) - 1, "] must be <= ",
+                rows_name, " = ", total_rows, ", got ", previous);
+}
+
+}  // namespace
+
+void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                 const TensorView& out, const std::optional<TensorView>& lse, bool causal,
+                 float softmax_scale, float output_scale, Stream /*stream*/) {
+  const detail::ArgChecker check("mla_prefill");
+  check.defined(q, "q", 3);
+  check.defined(k, "k", 3);
+  check.defined(v, "v", 3);
+  check.defined(cu_seqlens_q, "cu_seqlens_q", 1);
+  check.defined(cu_seqlens_k, "cu_seqlens_k", 1);
+  check.defined(out, "out", 3);
+  if (lse) check.defined(*lse, "lse", 2);
+
+  check.dtype(q, "q", {DType::kFloat8E4M3, DType::kBFloat16});
+  check.require(k.dtype == q.dtype, "k must have the dtype of q (", dtype_name(q.dtype), "), got ",
+                dtype_name(k.dtype));
+  check.require(v.dtype == q.dtype, "v must have the dtype of q (", dtype_name(q.dtype), "), got ",
+                dtype_name(v.dtype));
+  check.dtype(cu_seqlens_q, "cu_seqlens_q", {DType::kInt32});
+  check.dtype(cu_seqlens_k, "cu_seqlens_k", {DType::kInt32});
+  check.dtype(out, "out", {DType::kBFloat16});
+  if (lse) check.dtype(*lse, "lse", {DType::kFloat32});
+
+  const int64_t total_q = q.size(0), num_heads = q.size(1);
+  const int64_t total_k = k.size(0), num_kv_heads = k.size(1);
+  check.dim(q, "q", 2, kPrefillQkDim);
+  check.dim(k, "k", 2, kPrefillQkDim);
+  check.dim(v, "v", 2, kPrefillVDim);
+  check.require(num_kv_heads >= 1, "k.shape[1] (H_kv) must be >= 1, got ", num_kv_heads);
+  check.require(num_heads >= num_kv_heads && num_heads % num_kv_heads == 0,
+                "q.shape[1] (H) must be a positive multiple of k.shape[1] (H_kv = ", num_kv_heads,
+                "), got ", num_heads);
+  check.dim(v, "v", 0, total_k);
+  check.dim(v, "v", 1, num_kv_heads);
+  check.dim(out, "out", 0, total_q);
+  check.dim(out, "out", 1, num_heads);
+  check.dim(out, "out", 2, kPrefillVDim);
+  if (lse) {
+    check.dim(*lse, "lse", 0, total_q);
+    check.dim(*lse, "lse", 1, num_heads);
+  }
+  check.require(cu_seqlens_q.size(0) >= 1, "cu_seqlens_q must have B+1 >= 1 entries, got 0");
+  check.dim(cu_seqlens_k, "cu_seqlens_k", 0, cu_seqlens_q.size(0));
+
+  check.last_dim_contiguous(q, "q");
+  check.last_dim_contiguous(k, "k");
+  check.last_dim_contiguous(v, "v");
+  check.last_dim_contiguous(out, "out");
+
+  const Device device = q.device;
+  check.same_device(k, "k", device);
+  check.same_device(v, "v", device);
+  check.same_device(cu_seqlens_q, "cu_seqlens_q", device);
+  check.same_device(cu_seqlens_k, "cu_seqlens_k", device);
+  check.same_device(out, "out", device);
+  if (lse) check.same_device(*lse, "lse", device);
+
+  // Outputs written while inputs are still being read would give silently wrong results.
+  for (const auto& [input, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"},
+                                    {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}}) {
+    check.require(!detail::overlaps(out, *input), "out must not overlap ", name);
+    if (lse) check.require(!detail::overlaps(*lse, *input), "lse must not overlap ", name);
+  }
+  if (lse) check.require(!detail::overlaps(*lse, out), "lse must not overlap out");
+  check.require(std::isfinite(softmax_scale), "softmax_scale must be finite, got ", softmax_scale);
+  check.require(std::isfinite(output_scale), "output_scale must be finite, got ", output_scale);
+
+  if (device.kind == DeviceKind::kCUDA)
+    check.fail("the GPU path is not available yet (CUDA tensors given); use CPU tensors");
+
+  check_cu_seqlens_values(check, cu_seqlens_q, "cu_seqlens_q", total_q, "q.shape[0]");
+  check_cu_seqlens_values(check, cu_seqlens_k, "cu_seqlens_k", total_k, "k.shape[0]");
+  reference::mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale,
+                         output_scale);
+}
+
+}  // namespace speedmla
