@@ -77,10 +77,7 @@ class ElementChecker {
     check(actual == expected || (std::isnan(actual) && std::isnan(expected)), actual, expected,
           what, at);
   }
-  int failures() const { return failures_; }
-
- private:
-  static constexpr int kReported = 8;
+  // Any other condition on an element.
   void check(bool ok, double actual, double expected, const char* what,
              std::initializer_list<int64_t> at) {
     if (ok || ++failures_ > kReported) return;
@@ -92,6 +89,9 @@ class ElementChecker {
     }
     ADD_FAILURE() << what << "[" << where.str() << "] = " << actual << ", expected " << expected;
   }
+
+ private:
+  static constexpr int kReported = 8;
   int failures_ = 0;
 };
 
