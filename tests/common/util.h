@@ -23,6 +23,16 @@ class HostTensor {
   HostTensor() = default;
   HostTensor(DType dtype, std::initializer_list<int64_t> shape);
   HostTensor(DType dtype, const std::vector<int64_t>& shape);
+  // Copies own their bytes: the view follows the data.
+  HostTensor(const HostTensor& other) : bytes_(other.bytes_), view_(other.view_) { view_.data = bytes_.data(); }
+  HostTensor& operator=(const HostTensor& other) {
+    bytes_ = other.bytes_;
+    view_ = other.view_;
+    view_.data = bytes_.data();
+    return *this;
+  }
+  HostTensor(HostTensor&&) noexcept = default;  // a moved vector keeps its buffer
+  HostTensor& operator=(HostTensor&&) noexcept = default;
   const TensorView& view() const { return view_; }
   TensorView& view() { return view_; }
   template <typename T> T* data() { return reinterpret_cast<T*>(bytes_.data()); }

@@ -1,0 +1,223 @@
+// mla_decode: validation at the boundary, then the CPU reference or the SM90 kernels.
+#include "speedmla/decode.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+
+#include "api/check.h"
+#include "kernels/decode/sm90/launch.h"
+#include "kernels/decode/sm90/workspace.h"
+#include "kernels/sm90/tensor_map.h"
+#include "speedmla/reference.h"
+
+namespace speedmla {
+namespace {
+
+namespace dk = kernels::decode_sm90;
+constexpr int kMaxQLen = 1024;  // q_len * H rows per request must stay far inside int range
+
+bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+struct DecodeShape {
+  int64_t batch, q_len, heads, num_pages, page_size, max_pages;
+};
+
+DecodeShape validate(const detail::ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
+                     const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
+                     const std::optional<TensorView>& lse, float softmax_scale, float output_scale) {
+  check.defined(q, "q", 4);
+  check.dtype(q, "q", {DType::kFloat8E4M3, DType::kBFloat16});
+  check.dim(q, "q", 3, kCacheRowDim);
+  check.last_dim_contiguous(q, "q");
+  DecodeShape shape{q.shape[0], q.shape[1], q.shape[2], 0, 0, 0};
+  check.require(shape.heads >= 1 && shape.heads <= kMaxDecodeHeads, "q.shape[2] (heads) must be in [1, ",
+                kMaxDecodeHeads, "], got ", shape.heads);
+  check.require(shape.q_len >= 1 && shape.q_len <= kMaxQLen, "q.shape[1] (q_len) must be in [1, ", kMaxQLen,
+                "], got ", shape.q_len);
+
+  check.defined(kv_cache, "kv_cache", 3);
+  check.require(kv_cache.dtype == q.dtype, "kv_cache must have the dtype of q (", dtype_name(q.dtype), "), got ",
+                dtype_name(kv_cache.dtype));
+  check.dim(kv_cache, "kv_cache", 2, kCacheRowDim);
+  shape.num_pages = kv_cache.shape[0];
+  shape.page_size = kv_cache.shape[1];
+  check.require(shape.num_pages >= 1, "kv_cache.shape[0] (num_pages) must be >= 1 (page 0 is the null page), got ",
+                shape.num_pages);
+  check.require(shape.page_size >= 1, "kv_cache.shape[1] (page_size) must be >= 1, got ", shape.page_size);
+  check.last_dim_contiguous(kv_cache, "kv_cache");
+  check.require(shape.page_size == 1 || kv_cache.strides[1] == kCacheRowDim,
+                "kv_cache rows must be contiguous inside a page (stride(1) == 576), got ", kv_cache.strides[1]);
+  check.require(shape.num_pages == 1 || kv_cache.strides[0] >= shape.page_size * kCacheRowDim,
+                "kv_cache.stride(0) (page stride) must be >= page_size*576 = ", shape.page_size * kCacheRowDim,
+                ", got ", kv_cache.strides[0]);
+
+  check.defined(block_table, "block_table", 2);
+  check.dtype(block_table, "block_table", {DType::kInt32});
+  check.dim(block_table, "block_table", 0, shape.batch);
+  check.require(block_table.shape[1] <= 1 || block_table.strides[1] == 1,
+                "block_table must be contiguous in its last dimension, got stride ", block_table.strides[1]);
+  shape.max_pages = block_table.shape[1];
+
+  check.defined(seq_lens, "seq_lens", 1);
+  check.dtype(seq_lens, "seq_lens", {DType::kInt32});
+  check.dim(seq_lens, "seq_lens", 0, shape.batch);
+  check.contiguous(seq_lens, "seq_lens");
+
+  check.defined(out, "out", 4);
+  check.dtype(out, "out", {DType::kBFloat16});
+  check.dim(out, "out", 0, shape.batch);
+  check.dim(out, "out", 1, shape.q_len);
+  check.dim(out, "out", 2, shape.heads);
+  check.dim(out, "out", 3, kLatentDim);
+  check.last_dim_contiguous(out, "out");
+  if (lse) {
+    check.defined(*lse, "lse", 3);
+    check.dtype(*lse, "lse", {DType::kFloat32});
+    check.dim(*lse, "lse", 0, shape.batch);
+    check.dim(*lse, "lse", 1, shape.q_len);
+    check.dim(*lse, "lse", 2, shape.heads);
+  }
+  for (const TensorView* t : {&kv_cache, &block_table, &seq_lens, &out})
+    check.same_device(*t, t == &kv_cache ? "kv_cache" : t == &block_table ? "block_table"
+                                                     : t == &seq_lens   ? "seq_lens"
+                                                                        : "out",
+                      q.device);
+  if (lse) check.same_device(*lse, "lse", q.device);
+  for (const auto& [input, name] : {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"}}) {
+    check.require(!detail::overlaps(out, *input), "out must not overlap ", name);
+    if (lse) check.require(!detail::overlaps(*lse, *input), "lse must not overlap ", name);
+  }
+  if (lse) check.require(!detail::overlaps(*lse, out), "lse must not overlap out");
+  check.require(std::isfinite(softmax_scale) && softmax_scale > 0.f,
+                "softmax_scale must be finite and > 0, got ", softmax_scale);
+  check.require(std::isfinite(output_scale), "output_scale must be finite, got ", output_scale);
+  return shape;
+}
+
+}  // namespace
+
+bool decode_page_size_supported(int64_t page_size) {
+  return is_power_of_two(page_size) && page_size >= 8 && page_size <= 128;
+}
+
+size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
+  detail::ArgChecker check("mla_decode_workspace_size");
+  check.require(batch >= 1, "batch must be >= 1, got ", batch);
+  check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
+                "], got ", num_heads);
+  check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
+  check.require(num_sms >= 1, "num_sms must be >= 1, got ", num_sms);
+  return dk::workspace_layout(batch, num_heads, q_len, num_sms).total_bytes;
+}
+
+int device_sm_count(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  if (device < 0 || device >= kMaxDevices) detail::fail("device_sm_count: device must be in [0, 64), got ", device);
+  int count = cache[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    detail::check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "device_sm_count",
+                       "cudaDeviceGetAttribute(MultiProcessorCount)");
+    cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out, const std::optional<TensorView>& lse,
+                const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream) {
+  const detail::ArgChecker check("mla_decode");
+  const DecodeShape shape = validate(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+  if (!q.is_cuda()) {
+    reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+    return;
+  }
+  if (shape.batch == 0) return;
+
+  // What the SM90 kernel needs beyond the contract's checks.
+  check.require(decode_page_size_supported(shape.page_size),
+                "kv_cache.shape[1] (page_size) must be a power of two in [8, 128] on the GPU, got ", shape.page_size);
+  check.aligned(q, "q", 16);
+  check.aligned(kv_cache, "kv_cache", 16);
+  check.aligned(out, "out", 16);
+  const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
+  check.require(shape.batch <= (int64_t{1} << 24), "q.shape[0] (batch) must be <= 2^24 on the GPU, got ",
+                shape.batch);
+  check.require(shape.max_pages * shape.page_size < (int64_t{1} << 31),
+                "block_table.shape[1] * page_size must be < 2^31 tokens, got ", shape.max_pages * shape.page_size);
+  check.require(shape.num_pages < (int64_t{1} << 31), "kv_cache.shape[0] (num_pages) must be < 2^31, got ",
+                shape.num_pages);
+
+  detail::DeviceGuard guard(q.device);
+  const int num_sms = device_sm_count(q.device.index);
+  const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, num_sms);
+  check.require(workspace.has_value(), "workspace is required for CUDA tensors (",
+                layout.total_bytes, " bytes: mla_decode_workspace_size)");
+  const TensorView& ws = *workspace;
+  check.same_device(ws, "workspace", q.device);
+  check.contiguous(ws, "workspace");
+  check.require(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0, "workspace must be 256-byte aligned");
+  const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
+  check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
+                " bytes (mla_decode_workspace_size(", shape.batch, ", ", shape.heads, ", ", shape.q_len, ", ",
+                num_sms, ")), got ", ws_bytes);
+  check.require(!detail::overlaps(ws, out) && !detail::overlaps(ws, q) && !detail::overlaps(ws, kv_cache),
+                "workspace must not overlap q, kv_cache or out");
+
+  dk::DecodeParams p{};
+  p.batch = static_cast<int>(shape.batch);
+  p.q_len = static_cast<int>(shape.q_len);
+  p.num_heads = static_cast<int>(shape.heads);
+  p.num_rows = p.q_len * p.num_heads;
+  p.num_row_tiles = layout.num_row_tiles;
+  p.num_parts = layout.num_parts;
+  p.page_size = static_cast<int>(shape.page_size);
+  p.page_shift = __builtin_ctzll(static_cast<unsigned long long>(shape.page_size));
+  p.max_pages = static_cast<int>(shape.max_pages);
+  p.q = q.data;
+  p.q_stride_batch = q.strides[0];
+  p.q_stride_token = q.strides[1];
+  p.q_stride_head = q.strides[2];
+  p.block_table = block_table.ptr<int32_t>();
+  p.block_table_stride = block_table.strides[0];
+  p.seq_lens = seq_lens.ptr<int32_t>();
+  p.out = out.ptr<uint16_t>();
+  p.out_stride_batch = out.strides[0];
+  p.out_stride_token = out.strides[1];
+  p.out_stride_head = out.strides[2];
+  if (lse) {
+    p.lse = lse->ptr<float>();
+    p.lse_stride_batch = lse->strides[0];
+    p.lse_stride_token = lse->strides[1];
+    p.lse_stride_head = lse->strides[2];
+  }
+  auto* base = static_cast<uint8_t*>(ws.data);
+  p.plan_header = reinterpret_cast<dk::PlanHeader*>(base + layout.header_offset);
+  p.plans = reinterpret_cast<dk::RequestPlan*>(base + layout.plans_offset);
+  p.part_first_request = reinterpret_cast<int*>(base + layout.part_first_offset);
+  p.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
+  p.partial_out = reinterpret_cast<float*>(base + layout.partial_out_offset);
+  p.num_slots = layout.num_slots;
+  p.score_scale_log2 = softmax_scale * 1.4426950408889634f;
+  p.output_scale = output_scale;
+
+  const bool fp8 = q.dtype == DType::kFloat8E4M3;
+  CUtensorMap kv_map;
+  const uint64_t dims[3] = {kCacheRowDim, static_cast<uint64_t>(shape.page_size),
+                            static_cast<uint64_t>(shape.num_pages)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(kCacheRowDim * esize),
+                               static_cast<uint64_t>((shape.num_pages > 1 ? kv_cache.strides[0]
+                                                                          : shape.page_size * kCacheRowDim) * esize)};
+  const uint32_t box[3] = {dk::kChunkDims, static_cast<uint32_t>(std::min<int64_t>(shape.page_size, dk::kBlockTokens)), 1};
+  const int status = kernels::sm90::make_tensor_map_3d(
+      &kv_map, kv_cache.data, fp8 ? kernels::sm90::TmaElement::kUInt8 : kernels::sm90::TmaElement::kBFloat16, dims,
+      strides, box, fp8 ? kernels::sm90::TmaSwizzle::k64B : kernels::sm90::TmaSwizzle::k128B);
+  check.require(status == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ", status, ")");
+  detail::check_cuda(dk::run_decode(kv_map, p, fp8, reinterpret_cast<cudaStream_t>(stream)), "mla_decode",
+                     "kernel launch");
+}
+
+}  // namespace speedmla

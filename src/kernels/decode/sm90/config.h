@@ -1,0 +1,28 @@
+// Tile constants of the SM90 decode kernel. One place, so the host-side workspace arithmetic
+// and the kernel agree.
+#pragma once
+
+namespace speedmla::kernels::decode_sm90 {
+
+// A CTA computes kTileRows query rows (flattened (token, head) pairs of one request) against
+// the request's KV in blocks of kBlockTokens tokens. 64 is the wgmma M of the score GEMM and
+// its N, and the K of the P·V GEMM.
+inline constexpr int kTileRows = 64;
+inline constexpr int kBlockTokens = 64;
+
+// Cache rows and query rows are staged in shared memory as kNumChunks column chunks of
+// kChunkDims features each, so that each chunk row is one swizzle row (64 BF16 = 128 B with the
+// 128-byte swizzle, 64 FP8 = 64 B with the 64-byte swizzle) for both TMA and wgmma.
+inline constexpr int kChunkDims = 64;
+inline constexpr int kNumChunks = 9;        // 576 / 64
+inline constexpr int kValueChunks = 8;      // the first 512 features are the values
+inline constexpr int kLatentDim = 512;
+inline constexpr int kRowDim = 576;
+inline constexpr int kHalfValueDim = 256;   // each consumer warpgroup owns half of the output
+
+// Three warpgroups: a producer (TMA loads; for FP8 also the V transpose) and two consumers.
+// Consumer 0 computes scores, softmax and output columns 0..255; consumer 1 output 256..511.
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kThreads = 3 * kWarpgroupThreads;
+
+}  // namespace speedmla::kernels::decode_sm90

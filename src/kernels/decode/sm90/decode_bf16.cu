@@ -1,0 +1,11 @@
+// BF16 query and cache, BF16 tensor-core math, BF16 output.
+#include "kernels/decode/sm90/launch.h"
+#include "kernels/decode/sm90/launch_kernel.cuh"
+
+namespace speedmla::kernels::decode_sm90 {
+
+void launch_decode_bf16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
+  launch_decode_kernel<Bf16Traits>(kv_map, params, stream);
+}
+
+}  // namespace speedmla::kernels::decode_sm90

@@ -1,0 +1,11 @@
+// FP8 e4m3 query and cache, FP8 tensor-core math, BF16 output.
+#include "kernels/decode/sm90/launch.h"
+#include "kernels/decode/sm90/launch_kernel.cuh"
+
+namespace speedmla::kernels::decode_sm90 {
+
+void launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
+  launch_decode_kernel<Fp8Traits>(kv_map, params, stream);
+}
+
+}  // namespace speedmla::kernels::decode_sm90

@@ -1,0 +1,62 @@
+// The whole contract between the decode launcher and its three kernels (schedule, main,
+// combine): every pointer, stride and size they see. Built and validated on the host
+// (src/api/decode.cpp), passed by value.
+#pragma once
+
+#include <cstdint>
+
+namespace speedmla::kernels::decode_sm90 {
+
+// Split-KV plan of one request, written by the schedule kernel.
+struct RequestPlan {
+  int first_unit;    // index of the request's first work unit in the batch-wide unit sequence
+  int num_blocks;    // KV blocks of kBlockTokens tokens; 0 for an empty request; -1 if invalid
+  int first_part;    // first CTA part (split) that works on the request
+  int split_slot;    // first partial-result slot when num_splits > 1; -1 otherwise
+};
+
+// Batch-wide numbers of the plan.
+struct PlanHeader {
+  int total_units;     // sum over requests of max(1, num_blocks): work units
+  int units_per_part;  // ceil(total_units / num_parts)
+};
+
+struct DecodeParams {
+  // ---- problem sizes
+  int batch;
+  int q_len;
+  int num_heads;
+  int num_rows;        // q_len * num_heads: query rows per request, row = token * H + head
+  int num_row_tiles;   // ceil(num_rows / kTileRows)
+  int num_parts;       // CTAs per row tile: the split-KV partitions of the unit sequence
+  int page_size;       // tokens per page (power of two, 8..128)
+  int page_shift;      // log2(page_size)
+  int max_pages;       // block_table row length; seq_len > max_pages * page_size is invalid
+
+  // ---- inputs
+  const void* q;       // [B, q_len, H, 576] element strides below; 16-byte aligned rows
+  int64_t q_stride_batch, q_stride_token, q_stride_head;
+  const int32_t* block_table;  // [B, max_pages]
+  int64_t block_table_stride;
+  const int32_t* seq_lens;     // [B]
+
+  // ---- outputs
+  uint16_t* out;       // [B, q_len, H, 512] BF16 bits; last dim contiguous
+  int64_t out_stride_batch, out_stride_token, out_stride_head;
+  float* lse;          // [B, q_len, H] or nullptr
+  int64_t lse_stride_batch, lse_stride_token, lse_stride_head;
+
+  // ---- workspace (see workspace.h)
+  PlanHeader* plan_header;
+  RequestPlan* plans;          // [B]
+  int* part_first_request;     // [num_parts]: the request holding the part's first unit
+  float* partial_out;          // [num_slots, num_rows, 512] normalised partial outputs
+  float* partial_lse;          // [num_slots, num_rows] natural log
+  int num_slots;
+
+  // ---- scalars
+  float score_scale_log2;      // softmax_scale * log2(e): scores in base-2 units
+  float output_scale;
+};
+
+}  // namespace speedmla::kernels::decode_sm90

@@ -1,0 +1,93 @@
+#include "kernels/decode/sm90/plan.cuh"
+#include "kernels/decode/sm90/schedule.h"
+
+namespace speedmla::kernels::decode_sm90 {
+namespace {
+
+constexpr int kScheduleThreads = 1024;
+
+// Exclusive prefix sum of one value per thread across the CTA; returns the thread's offset
+// and stores the CTA total in *total.
+__device__ int block_exclusive_scan(int value, int* total) {
+  __shared__ int warp_totals[kScheduleThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
+    if (lane >= delta) inclusive += other;
+  }
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int warp_sum = lane < kScheduleThreads / 32 ? warp_totals[lane] : 0;
+    for (int delta = 1; delta < 32; delta *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, warp_sum, delta);
+      if (lane >= delta) warp_sum += other;
+    }
+    warp_totals[lane] = warp_sum;  // inclusive over warps
+  }
+  __syncthreads();
+  const int warp_offset = warp > 0 ? warp_totals[warp - 1] : 0;
+  *total = warp_totals[kScheduleThreads / 32 - 1];
+  __syncthreads();  // warp_totals is reused by the next scan
+  return warp_offset + inclusive - value;
+}
+
+// Each thread owns a contiguous run of requests; two scans give every request its first unit
+// and its first partial-result slot.
+__global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(DecodeParams p) {
+  const int per_thread = (p.batch + kScheduleThreads - 1) / kScheduleThreads;
+  const int begin = min(p.batch, static_cast<int>(threadIdx.x) * per_thread);
+  const int end = min(p.batch, begin + per_thread);
+
+  int my_units = 0;
+  for (int b = begin; b < end; ++b) my_units += request_units(request_num_blocks(p, p.seq_lens[b]));
+  int total_units = 0;
+  const int unit_offset = block_exclusive_scan(my_units, &total_units);
+  const int units_per_part = max(1, (total_units + p.num_parts - 1) / p.num_parts);
+
+  // Requests cut into several parts need one slot per piece.
+  int my_slots = 0;
+  for (int b = begin, unit = unit_offset; b < end; ++b) {
+    const int units = request_units(request_num_blocks(p, p.seq_lens[b]));
+    const int splits = (unit + units - 1) / units_per_part - unit / units_per_part + 1;
+    my_slots += splits > 1 ? splits : 0;
+    unit += units;
+  }
+  int total_slots = 0;
+  int slot = block_exclusive_scan(my_slots, &total_slots);
+
+  for (int b = begin, unit = unit_offset; b < end; ++b) {
+    RequestPlan plan;
+    plan.first_unit = unit;
+    plan.num_blocks = request_num_blocks(p, p.seq_lens[b]);
+    plan.first_part = unit / units_per_part;
+    const int units = request_units(plan.num_blocks);
+    const int splits = (unit + units - 1) / units_per_part - plan.first_part + 1;
+    plan.split_slot = splits > 1 ? slot : -1;
+    slot += splits > 1 ? splits : 0;
+    p.plans[b] = plan;
+    unit += units;
+  }
+  if (threadIdx.x == 0) *p.plan_header = PlanHeader{total_units, units_per_part};
+  __syncthreads();  // plans are visible to the whole CTA from here
+
+  // The request holding each part's first unit: the last request whose first unit <= it.
+  for (int part = threadIdx.x; part < p.num_parts; part += kScheduleThreads) {
+    const int first_unit = part * units_per_part;
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.plans[mid].first_unit <= first_unit) lo = mid; else hi = mid - 1;
+    }
+    p.part_first_request[part] = lo;
+  }
+}
+
+}  // namespace
+
+void run_decode_schedule(const DecodeParams& params, cudaStream_t stream) {
+  decode_schedule_kernel<<<1, kScheduleThreads, 0, stream>>>(params);
+}
+
+}  // namespace speedmla::kernels::decode_sm90

@@ -1,0 +1,51 @@
+// Layout of the caller-provided decode workspace. Host and device share it, so the size
+// reported by mla_decode_workspace_size is exactly what the launcher carves up.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/decode/sm90/config.h"
+#include "kernels/decode/sm90/params.h"
+
+namespace speedmla::kernels::decode_sm90 {
+
+struct WorkspaceLayout {
+  int num_row_tiles = 0;
+  int num_parts = 0;
+  int num_slots = 0;
+  size_t header_offset = 0, plans_offset = 0, part_first_offset = 0;
+  size_t partial_lse_offset = 0, partial_out_offset = 0, total_bytes = 0;
+};
+
+inline size_t align_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// One CTA per SM: the row tiles of a request run side by side (they share its KV through L2),
+// and each row tile's work is cut into num_parts equal pieces of the batch's unit sequence.
+// A request cut into k > 1 pieces stores k partial results. Every cut inside a request adds at
+// most two such results (one per side), and there are num_parts - 1 cuts, so
+// 2 * (num_parts - 1) slots always suffice, whatever the sequence lengths.
+inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
+  WorkspaceLayout w;
+  const int64_t rows = num_heads * q_len;
+  w.num_row_tiles = static_cast<int>((rows + kTileRows - 1) / kTileRows);
+  w.num_parts = num_sms / w.num_row_tiles > 1 ? num_sms / w.num_row_tiles : 1;
+  w.num_slots = 2 * (w.num_parts - 1);
+  size_t offset = 0;
+  w.header_offset = offset;
+  offset = align_up(offset + sizeof(PlanHeader), 256);
+  w.plans_offset = offset;
+  offset = align_up(offset + sizeof(RequestPlan) * static_cast<size_t>(batch), 256);
+  w.part_first_offset = offset;
+  offset = align_up(offset + sizeof(int) * static_cast<size_t>(w.num_parts), 256);
+  w.partial_lse_offset = offset;
+  offset = align_up(offset + sizeof(float) * static_cast<size_t>(w.num_slots) * rows, 256);
+  w.partial_out_offset = offset;
+  offset = align_up(offset + sizeof(float) * static_cast<size_t>(w.num_slots) * rows * kLatentDim, 256);
+  w.total_bytes = offset;
+  return w;
+}
+
+}  // namespace speedmla::kernels::decode_sm90

@@ -1,0 +1,139 @@
+// Thin wrappers over the Hopper (sm_90a) instructions the attention kernels use: mbarriers,
+// TMA tensor loads, named barriers, proxy fences, register reallocation and wgmma descriptors.
+// Each is one PTX instruction or a few; the wgmma MMA wrappers come from CuTe's arch headers.
+#pragma once
+
+#include <cstdint>
+
+namespace speedmla::kernels::sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// ---- shared memory through 32-bit shared-window addresses (pointers that travel through
+// structs lose their address space and become slower generic accesses) ----------------------
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t address, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(v));
+}
+
+// ---- mbarrier -------------------------------------------------------------------------------
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals));
+}
+// Makes mbarrier initialisation visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes) : "memory");
+}
+// Blocks until the phase with the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_loop:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_loop;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA --------------------------------------------------------------------------------------
+// Loads a 3-D box of the tensor described by `tensor_map` (a __grid_constant__ CUtensorMap) at
+// coordinates (c0, c1, c2) into shared memory, completing `bytes` on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_map, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// ---- named barriers -------------------------------------------------------------------------
+// id 0 is __syncthreads; callers use ids >= 1. `threads` counts every participant.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Orders this thread's ordinary shared-memory writes before later reads by the async proxy
+// (wgmma operands, TMA).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---- register reallocation between warpgroups (needs a register cap at kernel entry) --------
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---- wgmma shared-memory matrix descriptors -------------------------------------------------
+enum class SmemLayout : uint64_t { kInterleave = 0, kSwizzle128B = 1, kSwizzle64B = 2, kSwizzle32B = 3 };
+
+// Start address, leading- and stride-dimension byte offsets (all multiples of 16 bytes).
+// For K-major swizzled layouts the leading offset is unused; the stride offset is the distance
+// between groups of 8 rows. See the PTX ISA, "Matrix Descriptor Format".
+__device__ __forceinline__ uint64_t make_smem_desc(const void* smem, uint32_t leading_bytes,
+                                                   uint32_t stride_bytes, SmemLayout layout) {
+  const uint64_t address = smem_u32(smem);
+  return ((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (static_cast<uint64_t>(layout) << 62);
+}
+// The same value, hidden from the optimiser (it cannot hoist or fold what depends on it).
+__device__ __forceinline__ uint64_t opaque(uint64_t value) {
+  uint64_t result;
+  asm volatile("mov.b64 %0, %1;" : "=l"(result) : "l"(value));
+  return result;
+}
+
+// Moves a descriptor's start address by `bytes` (a multiple of 16).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
+// ---- conversions ----------------------------------------------------------------------------
+// Four floats to four FP8 e4m3 bytes (a in the lowest byte), round to nearest even, saturating.
+__device__ __forceinline__ uint32_t pack_fp8x4(float a, float b, float c, float d) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(lo) : "f"(a), "f"(b));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(hi) : "f"(c), "f"(d));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+// Two floats to a BF16 pair (a in the low half), round to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(packed) : "f"(a), "f"(b));
+  return packed;
+}
+
+// Byte permute: result byte i = byte selector_nibble_i of the 8-byte value {b, a}.
+__device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+}  // namespace speedmla::kernels::sm90

@@ -1,0 +1,40 @@
+// A random mla_decode problem on the host, shaped like a serving batch: pages shuffled across
+// a pool, page 0 the null page, block tables padded with it, and every slot no request may read
+// (the null page, tails of last pages, padding, gaps of strided page views) filled with NaN.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/util.h"
+
+namespace speedmla::test {
+
+struct DecodeProblemSpec {
+  DType dtype = DType::kBFloat16;
+  int64_t batch = 1, q_len = 1, heads = 16, page_size = 64;
+  std::vector<int32_t> seq_lens;   // one per request
+  int64_t page_stride_pad = 0;     // extra elements between pages (strided page view)
+  int64_t table_pad_pages = 3;     // padding columns of the block table (point at page 0)
+  int64_t spare_pages = 2;         // unused pages in the pool (hold NaN)
+  float softmax_scale = 0.0416667f;  // 1/sqrt(576)
+  float output_scale = 1.f;
+  uint64_t seed = 1;
+  std::string name() const;
+};
+
+struct DecodeProblem {
+  DecodeProblemSpec spec;
+  HostTensor q, cache_storage, block_table, seq_lens;
+  TensorView kv_cache;  // view of cache_storage: [num_pages, page_size, 576], page stride may be padded
+  int64_t num_pages = 0;
+};
+
+DecodeProblem make_decode_problem(const DecodeProblemSpec& spec);
+
+// Draws `batch` lengths in [lo, hi] (inclusive), log-uniformly so both ends show up.
+std::vector<int32_t> random_lengths(std::mt19937_64& rng, int64_t batch, int32_t lo, int32_t hi);
+
+}  // namespace speedmla::test

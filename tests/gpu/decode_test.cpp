@@ -1,0 +1,277 @@
+// mla_decode on the GPU against the CPU reference, on fresh random data with poisoned outputs.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "common/decode_problem.h"
+#include "common/util.h"
+
+namespace speedmla::test {
+namespace {
+
+// Error bounds. BF16: probabilities and outputs are BF16-rounded (measured: a few 1e-3).
+// FP8: probabilities are rounded to e4m3 (3 mantissa bits) before P·V (measured: ~2e-2).
+// A layout or masking bug gives errors of order 1.
+double output_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 6e-2 : 1e-2; }
+double lse_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 2e-2 : 2e-3; }
+
+struct DecodeResult {
+  HostTensor out, lse;
+};
+
+DecodeResult run_reference(const DecodeProblem& pb) {
+  const auto& s = pb.spec;
+  DecodeResult r{HostTensor(DType::kBFloat16, {s.batch, s.q_len, s.heads, kLatentDim}),
+                 HostTensor(DType::kFloat32, {s.batch, s.q_len, s.heads})};
+  mla_decode(pb.q.view(), pb.kv_cache, pb.block_table.view(), pb.seq_lens.view(), r.out.view(), r.lse.view(),
+             std::nullopt, s.softmax_scale, s.output_scale);
+  return r;
+}
+
+// The problem's tensors on the device (the cache keeps its strided layout).
+struct DeviceProblem {
+  DeviceTensor q, cache_storage, block_table, seq_lens, out, lse, workspace;
+  TensorView kv_cache;
+
+  explicit DeviceProblem(const DecodeProblem& pb)
+      : q(pb.q), cache_storage(pb.cache_storage), block_table(pb.block_table), seq_lens(pb.seq_lens) {
+    const auto& s = pb.spec;
+    kv_cache = pb.kv_cache;
+    kv_cache.data = cache_storage.view().data;
+    kv_cache.device = cache_storage.view().device;
+    out = DeviceTensor(DType::kBFloat16, {s.batch, s.q_len, s.heads, kLatentDim});
+    lse = DeviceTensor(DType::kFloat32, {s.batch, s.q_len, s.heads});
+    const size_t bytes = mla_decode_workspace_size(s.batch, s.heads, s.q_len, device_sm_count(q.view().device.index));
+    workspace = DeviceTensor(DType::kUInt8, {static_cast<int64_t>(bytes)});
+  }
+
+  void run(const DecodeProblemSpec& s, Stream stream = nullptr) {
+    mla_decode(q.view(), kv_cache, block_table.view(), seq_lens.view(), out.view(), lse.view(), workspace.view(),
+               s.softmax_scale, s.output_scale, stream);
+  }
+};
+
+void expect_matches(const DecodeResult& gpu, const DecodeResult& ref, const DecodeProblemSpec& spec) {
+  const ErrorStats out = compare(gpu.out, ref.out);
+  const ErrorStats lse = compare(gpu.lse, ref.lse);
+  std::printf("[ decode ] %-60s out %s | lse max_abs=%.3g\n", spec.name().c_str(), out.summary().c_str(),
+              lse.max_abs);
+  EXPECT_EQ(out.nonfinite, 0) << spec.name();
+  EXPECT_EQ(out.mismatched_inf, 0) << spec.name();
+  EXPECT_LT(out.rel_l2, output_bound(spec.dtype)) << spec.name();
+  EXPECT_EQ(lse.nonfinite, 0) << spec.name();
+  EXPECT_EQ(lse.mismatched_inf, 0) << spec.name();
+  EXPECT_LT(lse.max_abs, lse_bound(spec.dtype)) << spec.name();
+}
+
+void check_case(const DecodeProblemSpec& spec) {
+  const DecodeProblem pb = make_decode_problem(spec);
+  const DecodeResult ref = run_reference(pb);
+  DeviceProblem dev(pb);
+  dev.out.fill_bytes(0xFF);  // poison: every element must be written
+  dev.lse.fill_bytes(0xFF);
+  dev.run(spec);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << spec.name();
+  expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, spec);
+}
+
+DecodeProblemSpec spec_for(DType dtype, int64_t batch, int64_t q_len, int64_t heads, int64_t page_size,
+                           int32_t len_lo, int32_t len_hi, uint64_t seed) {
+  DecodeProblemSpec s;
+  s.dtype = dtype;
+  s.batch = batch;
+  s.q_len = q_len;
+  s.heads = heads;
+  s.page_size = page_size;
+  s.seed = seed;
+  std::mt19937_64 rng(seed * 7919 + 17);
+  s.seq_lens = random_lengths(rng, batch, len_lo, len_hi);
+  return s;
+}
+
+class DecodeGpu : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { SPEEDMLA_REQUIRE_GPU(); }
+  DType dtype() const { return GetParam(); }
+  uint64_t seed() const { return std::random_device{}() % 100000; }
+};
+
+TEST_P(DecodeGpu, HeadsAndDraftLengths) {
+  for (int64_t heads : {1, 16, 20, 64, 128})
+    for (int64_t q_len : {1, 2, 4})
+      check_case(spec_for(dtype(), 3, q_len, heads, 64, 1, 700, seed()));
+}
+
+TEST_P(DecodeGpu, LongerVerifyWindows) {
+  for (int64_t q_len : {8, 17}) check_case(spec_for(dtype(), 2, q_len, 16, 64, 20, 400, seed()));
+  check_case(spec_for(dtype(), 2, 5, 128, 32, 1, 300, seed()));  // 640 rows: 10 row tiles
+}
+
+TEST_P(DecodeGpu, PageSizes) {
+  for (int64_t page_size : {8, 16, 32, 64, 128})
+    check_case(spec_for(dtype(), 4, 2, 16, page_size, 1, 1000, seed()));
+}
+
+TEST_P(DecodeGpu, StridedPagesAndPadding) {
+  DecodeProblemSpec s = spec_for(dtype(), 5, 2, 32, 32, 1, 500, seed());
+  s.page_stride_pad = 3 * kCacheRowDim + 64;  // gaps between pages hold NaN
+  s.table_pad_pages = 9;
+  s.output_scale = 0.75f;
+  check_case(s);
+}
+
+TEST_P(DecodeGpu, SharpSoftmax) {
+  DecodeProblemSpec s = spec_for(dtype(), 4, 2, 16, 64, 100, 3000, seed());
+  s.softmax_scale = 0.5f;  // scores of tens: a few keys dominate, the running max moves
+  check_case(s);
+}
+
+TEST_P(DecodeGpu, EmptyAndShortRows) {
+  // seq_len 0 (no key), seq_len < q_len (early draft tokens see nothing), exactly one block.
+  DecodeProblemSpec s = spec_for(dtype(), 5, 4, 16, 64, 1, 1, seed());
+  s.seq_lens = {0, 2, 4, 64, 65};
+  check_case(s);
+}
+
+TEST_P(DecodeGpu, SplitHeavyLongSequence) {
+  check_case(spec_for(dtype(), 1, 1, 16, 64, 262144, 262144, seed()));
+}
+
+TEST_P(DecodeGpu, SplitFreeLargeBatch) {
+  check_case(spec_for(dtype(), 1024, 1, 16, 64, 1, 256, seed()));
+}
+
+TEST_P(DecodeGpu, MixedBatchMixedLengths) {
+  check_case(spec_for(dtype(), 64, 2, 128, 64, 1, 20000, seed()));
+}
+
+TEST_P(DecodeGpu, InvalidSeqLenGivesNaNNotACrash) {
+  DecodeProblemSpec s = spec_for(dtype(), 3, 1, 16, 64, 100, 100, seed());
+  DecodeProblem pb = make_decode_problem(s);
+  const DecodeResult ref = run_reference(pb);
+  DeviceProblem dev(pb);
+  const int32_t bad[3] = {100, -5, 1 << 30};  // request 1 and 2 are out of range
+  ASSERT_EQ(cudaMemcpy(dev.seq_lens.view().data, bad, sizeof(bad), cudaMemcpyHostToDevice), cudaSuccess);
+  dev.run(s);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor out = dev.out.to_host();
+  for (int64_t i = 0; i < kLatentDim * s.heads; ++i) {
+    ASSERT_NEAR(get(out, i), get(ref.out, i), 0.05) << i;
+    ASSERT_TRUE(std::isnan(get(out, kLatentDim * s.heads + i)));
+    ASSERT_TRUE(std::isnan(get(out, 2 * kLatentDim * s.heads + i)));
+  }
+}
+
+// A cache of more than 2^31 elements: the requests' pages sit past the 2^31st element.
+TEST_P(DecodeGpu, CacheBeyondTwoGigaElements) {
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype()));
+  const int64_t page_size = 64, page_elems = page_size * kCacheRowDim;
+  const int64_t num_pages = ((int64_t{1} << 31) + 64 * page_elems) / page_elems;
+  if (free_bytes < static_cast<size_t>(num_pages * page_elems * esize) + (size_t{4} << 30))
+    GTEST_SKIP() << "needs " << (num_pages * page_elems * esize >> 20) << " MiB of free device memory";
+
+  DecodeProblemSpec s = spec_for(dtype(), 2, 2, 16, page_size, 300, 900, seed());
+  const DecodeProblem pb = make_decode_problem(s);
+  const DecodeResult ref = run_reference(pb);
+  // Relocate the problem's pages to the top of a huge cache: page p -> num_pages - pb.num_pages + p.
+  const int64_t offset_pages = num_pages - pb.num_pages;
+  DeviceTensor big(dtype(), {num_pages, page_size, kCacheRowDim});
+  ASSERT_EQ(cudaMemset(big.view().data, 0xFF, static_cast<size_t>(num_pages * page_elems * esize)), cudaSuccess);
+  const int64_t page_stride = pb.kv_cache.strides[0];
+  for (int64_t p = 0; p < pb.num_pages; ++p)
+    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(big.view().data) + (offset_pages + p) * page_elems * esize,
+                         static_cast<const uint8_t*>(pb.cache_storage.view().data) + p * page_stride * esize,
+                         page_elems * esize, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  HostTensor table = pb.block_table;
+  for (int64_t i = 0; i < table.numel(); ++i) table.data<int32_t>()[i] += static_cast<int32_t>(offset_pages);
+  DeviceProblem dev(pb);
+  dev.block_table.upload(table);
+  dev.kv_cache = big.view();
+  dev.out.fill_bytes(0xFF);
+  dev.lse.fill_bytes(0xFF);
+  dev.run(s);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, s);
+}
+
+// Capture once, replay with three different batches (lengths, page tables and queries).
+TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
+  const int64_t B = 8;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // Every batch shares the shapes (block table width, pool size) so one graph serves all.
+  std::vector<DecodeProblem> batches;
+  for (int i = 0; i < 3; ++i) {
+    DecodeProblemSpec s = spec_for(dtype(), B, 2, 32, 64, 1, 2000, seed() + i);
+    s.seq_lens[0] = 2000;  // same table width and pool size across batches
+    s.seq_lens[1] = 1;
+    int64_t total = 0;
+    for (auto l : s.seq_lens) total += (l + 63) / 64;
+    s.spare_pages = 400 - total;
+    s.table_pad_pages = 2;
+    batches.push_back(make_decode_problem(s));
+  }
+  DeviceProblem dev(batches[0]);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  dev.run(batches[0].spec, reinterpret_cast<Stream>(stream));
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const DecodeProblem& pb : batches) {
+    const DecodeResult ref = run_reference(pb);
+    ASSERT_EQ(pb.cache_storage.nbytes(), batches[0].cache_storage.nbytes());
+    dev.q.upload(pb.q);
+    dev.cache_storage.upload(pb.cache_storage);
+    dev.block_table.upload(pb.block_table);
+    dev.seq_lens.upload(pb.seq_lens);
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, pb.spec);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, DecodeGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Refusals that only the GPU path makes.
+TEST(DecodeGpuErrors, UnsupportedPageSizeAndSmallWorkspace) {
+  SPEEDMLA_REQUIRE_GPU();
+  for (int64_t page_size : {4, 24}) {
+    DecodeProblemSpec s = spec_for(DType::kBFloat16, 1, 1, 16, page_size, 10, 10, 3);
+    const DecodeProblem pb = make_decode_problem(s);
+    DeviceProblem dev(pb);
+    try {
+      dev.run(s);
+      FAIL() << "page size " << page_size << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("page_size"), std::string::npos) << e.what();
+    }
+  }
+  DecodeProblemSpec s = spec_for(DType::kBFloat16, 2, 1, 16, 64, 10, 10, 3);
+  const DecodeProblem pb = make_decode_problem(s);
+  DeviceProblem dev(pb);
+  TensorView small = dev.workspace.view();
+  small.shape[0] = 16;
+  try {
+    mla_decode(dev.q.view(), dev.kv_cache, dev.block_table.view(), dev.seq_lens.view(), dev.out.view(),
+               dev.lse.view(), small, s.softmax_scale);
+    FAIL() << "a 16-byte workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace speedmla::test
