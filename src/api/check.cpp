@@ -3,6 +3,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
 
 namespace speedmla::detail {
 
@@ -48,6 +52,34 @@ void ArgChecker::aligned(const TensorView& t, const char* name, int64_t bytes) c
 void ArgChecker::same_device(const TensorView& t, const char* name, Device device) const {
   require(t.device == device, name, " must be on ", device_name(device), ", got ",
           device_name(t.device));
+}
+
+void ArgChecker::non_overlapping(const TensorView& t, const char* name) const {
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, size), dims > 1, sorted
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] <= 1) continue;
+    const std::pair<int64_t, int64_t> dim{std::abs(t.strides[d]), t.shape[d]};
+    int i = n++;
+    for (; i > 0 && dims[i - 1] > dim; --i) dims[i] = dims[i - 1];
+    dims[i] = dim;
+  }
+  int64_t span = 0;  // largest offset the smaller dims reach
+  for (int i = 0; i < n; ++i) {
+    require(dims[i].first > span, name, " is written, so no two of its elements may share an ",
+            "address; its stride ", dims[i].first, " does not clear the ", span + 1,
+            " elements spanned by its smaller dims (shape ", t.shape_string(), ")");
+    span += dims[i].first * (dims[i].second - 1);
+  }
+}
+
+void ArgChecker::disjoint(const TensorView& t, const char* name, const TensorView& other,
+                          const char* other_name) const {
+  require(!overlaps(t, other), name, " must not overlap ", other_name);
+}
+
+void ArgChecker::finite(float value, const char* name) const {
+  require(std::isfinite(value), name, " must be finite, got ", value);
 }
 
 ByteRange byte_range(const TensorView& t) {

@@ -49,6 +49,14 @@ class ArgChecker {
   void aligned(const TensorView& t, const char* name, int64_t bytes) const;
   // `t` lives on `device`.
   void same_device(const TensorView& t, const char* name, Device device) const;
+  // No two elements of `t` share an address (an output written in parallel): sorted by size,
+  // each stride exceeds the span of the smaller dims. Stride-0 broadcasts and interleavings fail.
+  void non_overlapping(const TensorView& t, const char* name) const;
+  // The written tensor `t` shares no byte with `other`.
+  void disjoint(const TensorView& t, const char* name, const TensorView& other,
+                const char* other_name) const;
+  // A scalar argument (a scale) is finite.
+  void finite(float value, const char* name) const;
 
   const char* function() const { return fn_; }
 

@@ -1,0 +1,109 @@
+// kv_cache_write and gather_cache: validation, then the CPU reference or the GPU kernels.
+#include "speedmla/cache.h"
+
+#include <cuda_runtime_api.h>
+
+#include "api/check.h"
+#include "kernels/cache/gather_cache.h"
+#include "kernels/cache/kv_cache_write.h"
+#include "speedmla/decode.h"
+#include "speedmla/reference.h"
+
+namespace speedmla {
+namespace {
+
+// Checks kv_cache [num_pages, page_size, 576] (FP8 or BF16; rows contiguous inside a page; page
+// stride >= page_size * 576 elements; 16-byte aligned) and describes it for the kernels.
+kernels::PagedCache check_cache(const detail::ArgChecker& check, const TensorView& kv_cache) {
+  check.defined(kv_cache, "kv_cache", 3);
+  check.dtype(kv_cache, "kv_cache", {DType::kFloat8E4M3, DType::kBFloat16});
+  check.dim(kv_cache, "kv_cache", 2, kCacheRowDim);
+  const int64_t num_pages = kv_cache.size(0), page_size = kv_cache.size(1);
+  check.require(page_size >= 1, "kv_cache.shape[1] (page_size) must be >= 1, got ", page_size);
+  check.last_dim_contiguous(kv_cache, "kv_cache");
+  check.require(page_size == 1 || kv_cache.stride(1) == kCacheRowDim,
+                "kv_cache rows must be contiguous inside a page: stride(1) must be ", kCacheRowDim,
+                ", got ", kv_cache.stride(1));
+  check.require(num_pages <= 1 || kv_cache.stride(0) >= page_size * kCacheRowDim,
+                "kv_cache.stride(0) (the page stride) must be >= page_size * ", kCacheRowDim, " = ",
+                page_size * kCacheRowDim, ", got ", kv_cache.stride(0));
+  check.aligned(kv_cache, "kv_cache", 16);
+  return {kv_cache.data, kv_cache.dtype, kv_cache.stride(0), page_size, num_pages * page_size};
+}
+
+void check_slots(const detail::ArgChecker& check, const TensorView& slots,
+                 const TensorView& kv_cache) {
+  check.defined(slots, "slots", 1);
+  check.dtype(slots, "slots", {DType::kInt64});
+  check.same_device(slots, "slots", kv_cache.device);
+}
+
+}  // namespace
+
+void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const TensorView& latent,
+                    const TensorView& rope, float scale_inv, Stream stream) {
+  const detail::ArgChecker check("kv_cache_write");
+  const kernels::PagedCache cache = check_cache(check, kv_cache);
+  check_slots(check, slots, kv_cache);
+  const int64_t tokens = slots.size(0);
+  auto check_input = [&](const TensorView& t, const char* name, int64_t width) {
+    check.defined(t, name, 2);
+    check.dtype(t, name, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
+    check.dim(t, name, 0, tokens);
+    check.dim(t, name, 1, width);
+    check.last_dim_contiguous(t, name);
+    check.same_device(t, name, kv_cache.device);
+    check.disjoint(kv_cache, "kv_cache", t, name);
+  };
+  check_input(latent, "latent", kLatentDim);
+  check_input(rope, "rope", kRopeDim);
+  check.disjoint(kv_cache, "kv_cache", slots, "slots");
+  check.finite(scale_inv, "scale_inv");
+
+  if (!kv_cache.is_cuda()) return reference::kv_cache_write(kv_cache, slots, latent, rope, scale_inv);
+  const detail::DeviceGuard guard(kv_cache.device);
+  kernels::run_kv_cache_write({.cache = cache,
+                               .slots = slots.ptr<const int64_t>(),
+                               .slot_stride = slots.stride(0),
+                               .latent = latent.data,
+                               .latent_dtype = latent.dtype,
+                               .latent_stride = latent.stride(0),
+                               .rope = rope.data,
+                               .rope_dtype = rope.dtype,
+                               .rope_stride = rope.stride(0),
+                               .num_tokens = tokens,
+                               .scale_inv = scale_inv},
+                              stream);
+  detail::check_cuda(cudaGetLastError(), "kv_cache_write", "kernel launch");
+}
+
+void gather_cache(const TensorView& kv_cache, const TensorView& slots, const TensorView& out,
+                  float scale, Stream stream) {
+  const detail::ArgChecker check("gather_cache");
+  const kernels::PagedCache cache = check_cache(check, kv_cache);
+  check_slots(check, slots, kv_cache);
+  check.defined(out, "out", 2);
+  check.dtype(out, "out", {DType::kBFloat16});
+  check.dim(out, "out", 0, slots.size(0));
+  check.dim(out, "out", 1, kCacheRowDim);
+  check.last_dim_contiguous(out, "out");
+  check.non_overlapping(out, "out");
+  check.same_device(out, "out", kv_cache.device);
+  check.disjoint(out, "out", kv_cache, "kv_cache");
+  check.disjoint(out, "out", slots, "slots");
+  check.finite(scale, "scale");
+
+  if (!kv_cache.is_cuda()) return reference::gather_cache(kv_cache, slots, out, scale);
+  const detail::DeviceGuard guard(kv_cache.device);
+  kernels::run_gather_cache({.cache = cache,
+                             .slots = slots.ptr<const int64_t>(),
+                             .slot_stride = slots.stride(0),
+                             .out = out.data,
+                             .out_stride = out.stride(0),
+                             .num_rows = slots.size(0),
+                             .scale = scale},
+                            stream);
+  detail::check_cuda(cudaGetLastError(), "gather_cache", "kernel launch");
+}
+
+}  // namespace speedmla
