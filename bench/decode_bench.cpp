@@ -1,0 +1,255 @@
+// speedmla-bench: times mla_decode over the grid of ../shared/spec/performance.md.
+//
+//   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N]
+//
+// Every case: fixed sequence lengths, pages drawn at random from one large pool (the cache is
+// far larger than the 60 MB L2), the L2 flushed before each timed call, median of --iters calls
+// timed one by one with CUDA events around the whole mla_decode (planner, main kernel and
+// combine). Prints ms, TFLOP/s and GB/s by the formulas of performance.md and the share of the
+// H200 ceilings; BF16 page-64 cells also show FlashMLA's time from performance.md.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "speedmla/speedmla.h"
+
+namespace {
+
+using namespace speedmla;
+
+void cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+// Ceilings measured on the H200 (performance.md).
+constexpr double kReadTBs = 4.58, kFp8Tflops = 1267, kBf16Tflops = 700;
+
+// FlashMLA, BF16 KV, page 64, B = 128 (performance.md), ms by (s_k, H, q_len).
+const std::map<std::tuple<int, int, int>, double> kFlashMla = {
+    {{4096, 16, 1}, 0.167},   {{4096, 16, 2}, 0.168},   {{4096, 32, 1}, 0.168},   {{4096, 32, 2}, 0.172},
+    {{4096, 64, 1}, 0.170},   {{4096, 64, 2}, 0.253},   {{4096, 128, 1}, 0.271},  {{4096, 128, 2}, 0.489},
+    {{8192, 16, 1}, 0.314},   {{8192, 16, 2}, 0.321},   {{8192, 32, 1}, 0.318},   {{8192, 32, 2}, 0.322},
+    {{8192, 64, 1}, 0.325},   {{8192, 64, 2}, 0.520},   {{8192, 128, 1}, 0.523},  {{8192, 128, 2}, 0.976},
+    {{16384, 16, 1}, 0.607},  {{16384, 16, 2}, 0.623},  {{16384, 32, 1}, 0.626},  {{16384, 32, 2}, 0.644},
+    {{16384, 64, 1}, 0.657},  {{16384, 64, 2}, 1.039},  {{16384, 128, 1}, 1.034}, {{16384, 128, 2}, 1.911},
+    {{32768, 16, 1}, 1.177},  {{32768, 16, 2}, 1.220},  {{32768, 32, 1}, 1.202},  {{32768, 32, 2}, 1.264},
+    {{32768, 64, 1}, 1.268},  {{32768, 64, 2}, 2.041},  {{32768, 128, 1}, 2.041}, {{32768, 128, 2}, 3.757},
+};
+// The seed's long-context shape (q_len 4, s_k 81920), FlashMLA ms by (B, H).
+const std::map<std::tuple<int, int>, double> kFlashMlaLong = {
+    {{4, 16}, 0.135}, {{4, 32}, 0.168}, {{16, 16}, 0.405}, {{16, 32}, 0.658}};
+
+struct Case {
+  DType dtype;
+  int page_size, batch, seq_len, heads, q_len;
+};
+
+// FlashMLA's published time for this shape (BF16 KV, page 64 only), or 0.
+double flashmla_ms(const Case& c) {
+  if (c.dtype != DType::kBFloat16 || c.page_size != 64) return 0;
+  if (c.seq_len == 81920) {
+    const auto it = kFlashMlaLong.find({c.batch, c.heads});
+    return it == kFlashMlaLong.end() || c.q_len != 4 ? 0 : it->second;
+  }
+  const auto it = kFlashMla.find({c.seq_len, c.heads, c.q_len});
+  return it == kFlashMla.end() || c.batch != 128 ? 0 : it->second;
+}
+
+struct Buffers {
+  void* cache = nullptr;
+  size_t cache_bytes = 0;
+  void* flush = nullptr;
+  size_t flush_bytes = size_t{256} << 20;
+  void *q = nullptr, *out = nullptr, *lse = nullptr, *workspace = nullptr, *table = nullptr, *lens = nullptr;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Fills device memory with valid random values of `dtype` in [-1, 1) (no NaN codes).
+void fill_random(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
+  const size_t block = std::min(bytes, size_t{64} << 20);
+  std::vector<uint8_t> host(block);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  if (dtype == DType::kFloat8E4M3) {
+    for (auto& b : host) b = float_to_fp8_e4m3(u(rng));
+  } else {
+    auto* h = reinterpret_cast<uint16_t*>(host.data());
+    for (size_t i = 0; i < block / 2; ++i) h[i] = float_to_bf16(u(rng));
+  }
+  for (size_t off = 0; off < bytes; off += block)
+    cuda(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
+         "fill");
+}
+
+struct Result {
+  double ms, tflops, gbs;
+};
+
+Result run_case(const Case& c, Buffers& buf, int iters, std::mt19937_64& rng) {
+  const int64_t e = static_cast<int64_t>(dtype_size(c.dtype));
+  const int64_t pages_per_seq = (c.seq_len + c.page_size - 1) / c.page_size;
+  const int64_t pool_pages = static_cast<int64_t>(buf.cache_bytes / (c.page_size * kCacheRowDim * e));
+  const int64_t pages_needed = c.batch * pages_per_seq;
+  if (pages_needed + 1 > pool_pages) {
+    std::fprintf(stderr, "cache pool too small\n");
+    std::exit(1);
+  }
+  // Pages from the whole pool in random order.
+  std::vector<int32_t> pool(pool_pages - 1);
+  std::iota(pool.begin(), pool.end(), 1);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> table(c.batch * pages_per_seq);
+  std::copy(pool.begin(), pool.begin() + table.size(), table.begin());
+  std::vector<int32_t> lens(c.batch, c.seq_len);
+  cuda(cudaMemcpy(buf.table, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
+  cuda(cudaMemcpy(buf.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "lens");
+
+  int device = 0;
+  cuda(cudaGetDevice(&device), "device");
+  const Device dev{DeviceKind::kCUDA, device};
+  const TensorView q = make_view(buf.q, c.dtype, dev, {c.batch, c.q_len, c.heads, kCacheRowDim});
+  const TensorView cache = make_view(buf.cache, c.dtype, dev, {pool_pages, c.page_size, kCacheRowDim});
+  const TensorView bt = make_view(buf.table, DType::kInt32, dev, {c.batch, pages_per_seq});
+  const TensorView sl = make_view(buf.lens, DType::kInt32, dev, {c.batch});
+  const TensorView out = make_view(buf.out, DType::kBFloat16, dev, {c.batch, c.q_len, c.heads, kLatentDim});
+  const TensorView lse = make_view(buf.lse, DType::kFloat32, dev, {c.batch, c.q_len, c.heads});
+  const size_t ws_bytes = mla_decode_workspace_size(c.batch, c.heads, c.q_len, device_sm_count(device));
+  const TensorView ws = make_view(buf.workspace, DType::kUInt8, dev, {static_cast<int64_t>(ws_bytes)});
+
+  cudaEvent_t start, stop;
+  cuda(cudaEventCreate(&start), "event");
+  cuda(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int i = 0; i < iters + 3; ++i) {
+    cuda(cudaMemsetAsync(buf.flush, i & 0xFF, buf.flush_bytes), "flush");
+    cuda(cudaEventRecord(start), "record");
+    mla_decode(q, cache, bt, sl, out, lse, ws, 0.0416667f, 1.f);
+    cuda(cudaEventRecord(stop), "record");
+    cuda(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= 3) times.push_back(ms);
+  }
+  cuda(cudaEventDestroy(start), "event");
+  cuda(cudaEventDestroy(stop), "event");
+
+  const double ms = median(times);
+  const double S = static_cast<double>(c.batch) * c.seq_len;
+  const double flops = 2.0 * c.q_len * S * c.heads * (kCacheRowDim + kLatentDim);
+  const double bytes = S * kCacheRowDim * e + double(c.batch) * c.q_len * c.heads * (kCacheRowDim * e + kLatentDim * 2);
+  return {ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int iters = 30;
+  std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
+  std::vector<int> pages;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {
+      const std::string d = argv[++i];
+      dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (pages.empty()) pages = {64, 32};
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("speedmla-bench: no CUDA device; nothing to time.\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  cuda(cudaGetDeviceProperties(&prop, 0), "props");
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+  std::vector<Case> cases;
+  const std::vector<int> lens = quick ? std::vector<int>{8192} : std::vector<int>{4096, 8192, 16384, 32768};
+  for (DType dtype : dtypes)
+    for (int page : pages) {
+      for (int s : lens)
+        for (int h : {16, 32, 64, 128})
+          for (int ql : {1, 2}) cases.push_back({dtype, page, 128, s, h, ql});
+      for (int b : {4, 16})
+        for (int h : {16, 32}) cases.push_back({dtype, page, b, 81920, h, 4});
+    }
+
+  Buffers buf;
+  buf.cache_bytes = size_t(128) * 32768 * kCacheRowDim * 2 + (size_t{64} << 20);
+  cuda(cudaMalloc(&buf.cache, buf.cache_bytes), "cache");
+  cuda(cudaMalloc(&buf.flush, buf.flush_bytes), "flush");
+  cuda(cudaMalloc(&buf.q, size_t(128) * 4 * 128 * kCacheRowDim * 2), "q");
+  cuda(cudaMalloc(&buf.out, size_t(128) * 4 * 128 * kLatentDim * 2), "out");
+  cuda(cudaMalloc(&buf.lse, size_t(128) * 4 * 128 * 4), "lse");
+  cuda(cudaMalloc(&buf.table, size_t(128) * 32768 * 4), "table");
+  cuda(cudaMalloc(&buf.lens, 1024 * 4), "lens");
+  size_t ws_max = 0;
+  for (const Case& c : cases)
+    ws_max = std::max(ws_max, mla_decode_workspace_size(c.batch, c.heads, c.q_len, prop.multiProcessorCount));
+  cuda(cudaMalloc(&buf.workspace, ws_max), "workspace");
+
+  // Copy bandwidth in this run, as a check on the card's state against performance.md.
+  {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    const size_t half = size_t{2} << 30;
+    cudaMemcpy(static_cast<uint8_t*>(buf.cache) + half, buf.cache, half, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(a);
+    for (int i = 0; i < 5; ++i)
+      cudaMemcpyAsync(static_cast<uint8_t*>(buf.cache) + half, buf.cache, half, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    std::printf("device-to-device copy: %.2f TB/s (read + write)\n", 5 * 2.0 * half / (ms * 1e-3) / 1e12);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+
+  std::mt19937_64 rng(2026);
+  DType filled = DType::kUInt8;
+  std::printf("\n%-5s %4s %4s %6s %3s %2s | %8s %8s %8s | %6s %6s | %s\n", "dtype", "page", "B", "s_k", "H", "q",
+              "ms", "TFLOP/s", "GB/s", "%read", "%mma", "FlashMLA bf16 p64 (ms, ratio)");
+  for (const Case& c : cases) {
+    if (c.dtype != filled) {
+      fill_random(buf.cache, buf.cache_bytes, c.dtype, rng);
+      fill_random(buf.q, size_t(128) * 4 * 128 * kCacheRowDim * 2, c.dtype, rng);
+      filled = c.dtype;
+    }
+    const Result r = run_case(c, buf, iters, rng);
+    const bool fp8 = c.dtype == DType::kFloat8E4M3;
+    std::string peer_text;
+    if (const double peer = flashmla_ms(c); peer > 0) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.3f  %.2fx", peer, peer / r.ms);
+      peer_text = text;
+    }
+    std::printf("%-5s %4d %4d %6d %3d %2d | %8.3f %8.1f %8.0f | %5.1f%% %5.1f%% | %s\n", fp8 ? "fp8" : "bf16",
+                c.page_size, c.batch, c.seq_len, c.heads, c.q_len, r.ms, r.tflops, r.gbs,
+                100.0 * r.gbs / (kReadTBs * 1000), 100.0 * r.tflops / (fp8 ? kFp8Tflops : kBf16Tflops), peer_text.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One command for the GPU machine: every GPU test, then the decode benchmark; a short summary
+# last. Full logs go under $OUT when it is set (the device tool brings them back), else under
+# build/gpu-check/.
+#
+#   scripts/gpu-check.sh [--tests-only | --bench-only] [--filter GTEST_FILTER] [--bench-args "..."]
+#                        [--sanitize]
+#
+# Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
+# SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode subset under
+# compute-sanitizer (memcheck and racecheck).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="${SPEEDMLA_BUILD_DIR:-$root/build}"
+logs="${OUT:-$build/gpu-check}"
+mkdir -p "$logs"
+
+run_tests=1 run_bench=1 sanitize=0 filter="*" bench_args=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests-only) run_bench=0 ;;
+    --bench-only) run_tests=0 ;;
+    --filter) filter="$2"; shift ;;
+    --bench-args) bench_args="$2"; shift ;;
+    --sanitize) sanitize=1 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+summary=()
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader \
+  > "$logs/gpu.txt" 2>&1 || true
+summary+=("gpu: $(head -1 "$logs/gpu.txt")  commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)")
+
+status=0
+if [ "$run_tests" = 1 ]; then
+  "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" > "$logs/gpu_tests.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("gpu tests (rc=$rc): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$logs/gpu_tests.log" | tr '\n' ' ')")
+  while IFS= read -r line; do summary+=("  $line"); done < <(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gpu_tests.log" | head -20)
+  # Worst measured errors per dtype, from the decode tests' own report lines.
+  for dtype in float8_e4m3fn bfloat16; do
+    worst=$(grep "^\[ decode \] $dtype" "$logs/gpu_tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1/' | sort -g | tail -1)
+    [ -n "$worst" ] && summary+=("  decode $dtype: worst rel L2 error $worst over $(grep -c "^\[ decode \] $dtype" "$logs/gpu_tests.log") cases")
+  done
+  if [ -x "$root/tests/python/run_gpu.sh" ]; then
+    "$root/tests/python/run_gpu.sh" > "$logs/python_gpu_tests.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    summary+=("python gpu tests (rc=$rc): $(tail -1 "$logs/python_gpu_tests.log")")
+  fi
+fi
+
+if [ "$sanitize" = 1 ]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
+      --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*' > "$logs/sanitize_$tool.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E 'ERROR SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
+  done
+fi
+
+if [ "$run_bench" = 1 ]; then
+  # shellcheck disable=SC2086
+  "$build/speedmla-bench" $bench_args > "$logs/bench.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("benchmark (rc=$rc): $logs/bench.log")
+fi
+
+echo
+echo "==================== speedmla gpu-check summary ===================="
+printf '%s\n' "${summary[@]}"
+if [ "$run_bench" = 1 ]; then cat "$logs/bench.log"; fi
+exit $status
