@@ -23,7 +23,10 @@ inline constexpr int kPrefillVDim = 128;   // v_head_dim
 //   lse           optional [total_q, H] FP32 (written): natural log; -inf for a row with no key.
 //   causal        bottom-right aligned: query i of a request with len_q queries and len_k keys
 //                 sees key j iff j <= i + (len_k - len_q). Non-causal sees all len_k keys.
-//   softmax_scale multiplies q·k; output_scale multiplies the output.
+//   softmax_scale multiplies q·k; output_scale multiplies the output. Both must be finite.
+//
+// All tensors (cu_seqlens too) live on one device. out and lse must not overlap the inputs or
+// each other. Other strides than the last dim's are free.
 //
 // CPU tensors run the reference. The GPU path is not available yet: CUDA tensors raise Error.
 // Throws Error for any shape, dtype, stride, device or cu_seqlens value it can check.

@@ -7,12 +7,13 @@
 
 namespace speedmla::reference {
 
-double attend_row(const double* q, const KeyValueRows& kv, int64_t num_keys, double softmax_scale,
-                  double output_scale, double* out) {
-  std::fill(out, out + kv.d_v, 0.0);
-  if (num_keys <= 0) return -std::numeric_limits<double>::infinity();
+void attend_row(const AttentionTensors& io, int64_t q_offset, int64_t out_offset,
+                int64_t lse_offset, const KeyValueRows& kv, int64_t num_keys,
+                double softmax_scale, double output_scale) {
+  std::vector<double> q(static_cast<size_t>(kv.d_qk)), out(static_cast<size_t>(kv.d_v), 0.0);
+  std::vector<double> scores(static_cast<size_t>(std::max<int64_t>(num_keys, 0)));
+  load_row(io.q, q_offset, kv.d_qk, q.data());
 
-  std::vector<double> scores(static_cast<size_t>(num_keys));
   double max_score = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < num_keys; ++j) {
     const float* key = kv.keys + j * kv.key_stride;
@@ -23,16 +24,21 @@ double attend_row(const double* q, const KeyValueRows& kv, int64_t num_keys, dou
   }
 
   // Weights relative to the largest score keep exp() in range; NaN scores propagate.
-  double weight_sum = 0;
-  for (int64_t j = 0; j < num_keys; ++j) {
-    const double weight = std::exp(scores[j] - max_score);
-    weight_sum += weight;
-    const float* value = kv.values + j * kv.value_stride;
-    for (int64_t d = 0; d < kv.d_v; ++d) out[d] += weight * value[d];
+  double lse = -std::numeric_limits<double>::infinity();
+  if (num_keys > 0) {
+    double weight_sum = 0;
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const double weight = std::exp(scores[j] - max_score);
+      weight_sum += weight;
+      const float* value = kv.values + j * kv.value_stride;
+      for (int64_t d = 0; d < kv.d_v; ++d) out[d] += weight * value[d];
+    }
+    const double out_factor = output_scale / weight_sum;
+    for (double& x : out) x *= out_factor;
+    lse = max_score + std::log(weight_sum);
   }
-  const double out_factor = output_scale / weight_sum;
-  for (int64_t d = 0; d < kv.d_v; ++d) out[d] *= out_factor;
-  return max_score + std::log(weight_sum);
+  store_row(io.out, out_offset, kv.d_v, out.data());
+  if (io.lse) store(*io.lse, lse_offset, lse);
 }
 
 }  // namespace speedmla::reference

@@ -46,6 +46,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 const std::optional<TensorView>& lse, float softmax_scale, float output_scale) {
   const int64_t batch = q.size(0), q_len = q.size(1), num_heads = q.size(2);
   const int64_t max_tokens = block_table.size(1) * kv_cache.size(1);
+  const AttentionTensors io{q, out, lse};
   std::vector<float> rows;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t seq_len = load_index(seq_lens, offset_of(seq_lens, b));
@@ -60,12 +61,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     parallel_for(q_len * num_heads, seq_len * (kCacheRowDim + kLatentDim), [&](int64_t row) {
       const int64_t t = row / num_heads, h = row % num_heads;
       const int64_t visible = std::clamp<int64_t>(seq_len - (q_len - 1) + t, 0, seq_len);
-      double query[kCacheRowDim], result[kLatentDim];
-      load_row(q, offset_of(q, b, t, h), kCacheRowDim, query);
-      const double row_lse =
-          attend_row(query, kv, visible, softmax_scale, output_scale, result);
-      store_row(out, offset_of(out, b, t, h), kLatentDim, result);
-      if (lse) store(*lse, offset_of(*lse, b, t, h), row_lse);
+      attend_row_at(io, kv, visible, softmax_scale, output_scale, b, t, h);
     });
   }
 }

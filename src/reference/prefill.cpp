@@ -17,6 +17,7 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   const int64_t batch = cu_seqlens_q.size(0) - 1;
   const int64_t num_heads = q.size(1), num_kv_heads = k.size(1);
   const int64_t group = num_heads / num_kv_heads;  // query heads per KV head (GQA)
+  const AttentionTensors io{q, out, lse};
   std::vector<float> keys, values;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_begin = load_index(cu_seqlens_q, offset_of(cu_seqlens_q, b));
@@ -42,12 +43,7 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
       const KeyValueRows kv{keys.data() + g * kPrefillQkDim, num_kv_heads * kPrefillQkDim,
                             kPrefillQkDim, values.data() + g * kPrefillVDim,
                             num_kv_heads * kPrefillVDim, kPrefillVDim};
-      double query[kPrefillQkDim], result[kPrefillVDim];
-      load_row(q, offset_of(q, q_begin + i, h), kPrefillQkDim, query);
-      const double row_lse =
-          attend_row(query, kv, visible, softmax_scale, output_scale, result);
-      store_row(out, offset_of(out, q_begin + i, h), kPrefillVDim, result);
-      if (lse) store(*lse, offset_of(*lse, q_begin + i, h), row_lse);
+      attend_row_at(io, kv, visible, softmax_scale, output_scale, q_begin + i, h);
     });
   }
 }
