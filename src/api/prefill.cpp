@@ -1,8 +1,6 @@
 // mla_prefill: validation at the boundary, then dispatch (CPU: the reference).
 #include "speedmla/prefill.h"
 
-#include <cmath>
-
 #include "api/check.h"
 #include "reference/element.h"
 #include "speedmla/reference.h"
@@ -84,15 +82,18 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   check.same_device(out, "out", device);
   if (lse) check.same_device(*lse, "lse", device);
 
-  // Outputs written while inputs are still being read would give silently wrong results.
+  // Outputs written while inputs are still being read, or rows written by two threads, would
+  // give silently wrong results.
+  check.non_overlapping(out, "out");
+  if (lse) check.non_overlapping(*lse, "lse");
   for (const auto& [input, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"},
                                     {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}}) {
-    check.require(!detail::overlaps(out, *input), "out must not overlap ", name);
-    if (lse) check.require(!detail::overlaps(*lse, *input), "lse must not overlap ", name);
+    check.disjoint(out, "out", *input, name);
+    if (lse) check.disjoint(*lse, "lse", *input, name);
   }
-  if (lse) check.require(!detail::overlaps(*lse, out), "lse must not overlap out");
-  check.require(std::isfinite(softmax_scale), "softmax_scale must be finite, got ", softmax_scale);
-  check.require(std::isfinite(output_scale), "output_scale must be finite, got ", output_scale);
+  if (lse) check.disjoint(*lse, "lse", out, "out");
+  check.finite(softmax_scale, "softmax_scale");
+  check.finite(output_scale, "output_scale");
 
   if (device.kind == DeviceKind::kCUDA)
     check.fail("the GPU path is not available yet (CUDA tensors given); use CPU tensors");

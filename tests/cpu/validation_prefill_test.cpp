@@ -190,6 +190,9 @@ TEST_F(PrefillValidation, OutputsOverlappingInputs) {
   out = out_.view();
   lse->data = out.data;
   expect_error({"lse must not overlap out"});
+  lse = lse_.view();
+  out.strides[0] = 0;  // every row at one address
+  expect_error({"out is written, so no two of its elements may share an address"});
 }
 
 TEST_F(PrefillValidation, NonFiniteScales) {
