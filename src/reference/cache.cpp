@@ -8,7 +8,7 @@
 
 namespace speedmla::reference {
 
-// Serial, in slot order: when two rows target one slot, the later row wins.
+// Serial, in row order: when two rows target one slot, the later row wins.
 void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const TensorView& latent,
                     const TensorView& rope, float scale_inv) {
   const int64_t page_size = kv_cache.size(1), num_slots = kv_cache.size(0) * page_size;

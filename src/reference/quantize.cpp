@@ -1,6 +1,7 @@
 // Reference FP8 quantisation and prefill K/V pack (speedmla/quantize.h).
 #include "reference/element.h"
 #include "reference/parallel.h"
+#include "speedmla/decode.h"
 #include "speedmla/prefill.h"
 #include "speedmla/reference.h"
 
@@ -23,7 +24,7 @@ void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv) {
 void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                      const TensorView& k_out, const TensorView& v_out, float k_scale_inv,
                      float v_scale_inv) {
-  constexpr int64_t kNopeDim = kPrefillQkDim - 64;  // 128 nope dims, then 64 rope dims
+  constexpr int64_t kNopeDim = kPrefillQkDim - kRopeDim;  // 128 nope dims, then 64 rope dims
   const int64_t num_heads = k_nope.size(1);
   parallel_for(k_nope.size(0) * num_heads, kPrefillQkDim + kPrefillVDim, [&](int64_t row) {
     const int64_t t = row / num_heads, h = row % num_heads;
@@ -31,7 +32,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
     convert_row(k_nope, offset_of(k_nope, t, h), k_out, k_row, kNopeDim, k_scale_inv);
     // k_rope is [T, 64] or [T, 1, 64]: either way row t starts at t * stride(0).
     convert_row(k_rope, offset_of(k_rope, t), k_out, k_row + kNopeDim * k_out.stride(2),
-                kPrefillQkDim - kNopeDim, k_scale_inv);
+                kRopeDim, k_scale_inv);
     convert_row(v, offset_of(v, t, h), v_out, offset_of(v_out, t, h), kPrefillVDim, v_scale_inv);
   });
 }
