@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <vector>
@@ -118,51 +119,60 @@ TEST(NumericFp8, SaturatesAndMapsNaNTo0x7F) {
   }
 }
 
-TEST(NumericBf16, EveryCodeDecodesLikeCuda) {
+// A 16-bit format: our conversions, CUDA's, and the quiet bit a NaN must carry.
+struct Format16 {
+  float (*decode)(uint16_t);
+  uint16_t (*encode)(float);
+  float (*cuda_decode)(uint16_t);
+  uint16_t (*cuda_encode)(float);
+  uint16_t quiet_bit;
+};
+
+const Format16 kBf16{bf16_to_float, float_to_bf16,
+                     [](uint16_t b) { return __bfloat162float(from_bits16<__nv_bfloat16>(b)); },
+                     [](float x) { return bits16(__float2bfloat16_rn(x)); }, 0x0040};
+const Format16 kFp16{fp16_to_float, float_to_fp16,
+                     [](uint16_t b) { return __half2float(from_bits16<__half>(b)); },
+                     [](float x) { return bits16(__float2half_rn(x)); }, 0x0200};
+
+void expect_decodes_like_cuda(const Format16& format) {
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
-    const float expected = __bfloat162float(from_bits16<__nv_bfloat16>(static_cast<uint16_t>(bits)));
-    ASSERT_TRUE(same_float(bf16_to_float(static_cast<uint16_t>(bits)), expected)) << bits;
+    const auto code = static_cast<uint16_t>(bits);
+    ASSERT_TRUE(same_float(format.decode(code), format.cuda_decode(code))) << bits;
   }
 }
 
-TEST(NumericBf16, EncodeMatchesCuda) {
+// Every `step`-th code below `end` and its neighbours, the ties between them, then the extra
+// values (the top of the range) and random floats. NaN only needs to stay a quiet NaN.
+void expect_encodes_like_cuda(const Format16& format, uint32_t end, uint32_t step,
+                              std::initializer_list<float> extra) {
   std::vector<float> grid;
-  for (uint32_t bits = 0; bits < 0x7F80; bits += 0x11) grid.push_back(bf16_to_float(static_cast<uint16_t>(bits)));
-  grid.push_back(bf16_to_float(0x7F7F));  // the largest finite value
-  grid.push_back(kInf);                   // its tie with the next step rounds to inf
+  for (uint32_t bits = 0; bits < end; bits += step) grid.push_back(format.decode(static_cast<uint16_t>(bits)));
+  grid.insert(grid.end(), extra);
   for (float x : tricky_floats(grid, 1 << 20, printed_seed())) {
-    const uint16_t ours = float_to_bf16(x), cuda = bits16(__float2bfloat16_rn(x));
+    const uint16_t ours = format.encode(x), cuda = format.cuda_encode(x);
     if (std::isnan(x)) {
-      ASSERT_TRUE(std::isnan(bf16_to_float(ours)) && std::isnan(bf16_to_float(cuda)));
-      ASSERT_TRUE(ours & 0x0040) << "NaN must stay quiet";
+      ASSERT_TRUE(std::isnan(format.decode(ours)) && std::isnan(format.decode(cuda)));
+      ASSERT_TRUE(ours & format.quiet_bit) << "NaN must stay quiet";
     } else {
       ASSERT_EQ(ours, cuda) << "x = " << x << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(x) << ")";
     }
   }
+}
+
+TEST(NumericBf16, EveryCodeDecodesLikeCuda) { expect_decodes_like_cuda(kBf16); }
+
+TEST(NumericBf16, EncodeMatchesCuda) {
+  // The largest finite value, and inf: their tie rounds to inf.
+  expect_encodes_like_cuda(kBf16, 0x7F80, 0x11, {bf16_to_float(0x7F7F), kInf});
   // A signalling NaN whose payload is only in the low 16 bits must stay NaN, not become inf.
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::bit_cast<float>(0x7F800001u)))));
 }
 
-TEST(NumericFp16, EveryCodeDecodesLikeCuda) {
-  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
-    const float expected = __half2float(from_bits16<__half>(static_cast<uint16_t>(bits)));
-    ASSERT_TRUE(same_float(fp16_to_float(static_cast<uint16_t>(bits)), expected)) << bits;
-  }
-}
+TEST(NumericFp16, EveryCodeDecodesLikeCuda) { expect_decodes_like_cuda(kFp16); }
 
 TEST(NumericFp16, EncodeMatchesCuda) {
-  std::vector<float> grid;
-  for (uint32_t bits = 0; bits < 0x7C00; bits += 0x7) grid.push_back(fp16_to_float(static_cast<uint16_t>(bits)));
-  grid.push_back(65504.0f);
-  grid.push_back(65536.0f);  // the tie 65520 rounds to inf
-  for (float x : tricky_floats(grid, 1 << 20, printed_seed())) {
-    const uint16_t ours = float_to_fp16(x), cuda = bits16(__float2half_rn(x));
-    if (std::isnan(x)) {
-      ASSERT_TRUE(std::isnan(fp16_to_float(ours)) && std::isnan(fp16_to_float(cuda)));
-    } else {
-      ASSERT_EQ(ours, cuda) << "x = " << x << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(x) << ")";
-    }
-  }
+  expect_encodes_like_cuda(kFp16, 0x7C00, 0x7, {65504.0f, 65536.0f});  // the tie 65520 rounds to inf
   EXPECT_EQ(float_to_fp16(65520.0f), 0x7C00);
   EXPECT_EQ(float_to_fp16(std::nextafter(65520.0f, 0.0f)), 0x7BFF);
   EXPECT_EQ(float_to_fp16(0x1p-25f), 0x0000);      // tie between 0 and the smallest subnormal
