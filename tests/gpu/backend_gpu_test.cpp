@@ -1,0 +1,264 @@
+// MlaBackend on a CUDA device: the metadata kernels against the host rule, decode through the
+// backend against the same steps on the CPU device (the reference), a CUDA graph captured once
+// and replayed with three different batches, and the workspace refusing to grow during capture.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/backend_testing.h"
+#include "common/util.h"
+#include "speedmla/backend.h"
+#include "speedmla/error.h"
+#include "speedmla/workspace.h"
+
+namespace speedmla::test {
+namespace {
+
+Device current_gpu() {
+  int device = 0;
+  cudaGetDevice(&device);
+  return Device{DeviceKind::kCUDA, device};
+}
+
+// A contiguous device view copied to the host (waits for the device).
+HostTensor download(const TensorView& view) {
+  HostTensor host(view.dtype, std::vector<int64_t>(view.shape.begin(), view.shape.begin() + view.ndim));
+  EXPECT_TRUE(view.is_contiguous());
+  EXPECT_EQ(cudaMemcpy(host.view().data, view.data, host.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+TEST(BackendGpu, BlockTablesFollowTheHostRule) {
+  SPEEDMLA_REQUIRE_GPU();
+  MlaBackend backend(small_config(current_gpu()));
+  const int64_t width = backend.block_table_width();
+  const DeviceTensor req_to_page(numbered_req_to_page(5, 4));
+  const DeviceTensor seq_lens(int_tensor(DType::kInt32, {3, 70, 1, 9}));
+  const std::vector<int64_t> pool{4, -1, 2, 99};
+  for (DType index_type : {DType::kInt32, DType::kInt64}) {
+    const DeviceTensor indices(int_tensor(index_type, pool));
+    backend.init_forward_metadata(4, 0, indices.view(), seq_lens.view(), ForwardMode::kDecode,
+                                  req_to_page.view(), std::nullopt);
+    EXPECT_EQ(int_values(download(backend.decode_metadata()->block_table).view()),
+              expected_block_table(pool, 5, 4, width, 4));
+  }
+  // Graph replay: rows past num_real are padding, whatever their pool indices say.
+  backend.init_cuda_graph_state(4, seq_lens.view());
+  backend.init_forward_metadata_capture_cuda_graph(4);
+  const DeviceTensor indices(int_tensor(DType::kInt64, {1, 3, 0, 0}));
+  backend.init_forward_metadata_replay_cuda_graph(4, indices.view(), req_to_page.view(), 2);
+  EXPECT_EQ(int_values(download(backend.decode_metadata()->block_table).view()),
+            expected_block_table({1, 3, 0, 0}, 5, 4, width, 2));
+}
+
+TEST(BackendGpu, ExtendSlotListsFollowThePageTable) {
+  SPEEDMLA_REQUIRE_GPU();
+  MlaBackendConfig config = small_config(current_gpu());
+  config.page_size = 8;
+  config.chunked_prefill_capacity = 8;  // 4 prefix tokens per request per loop
+  MlaBackend backend(config);
+  const int64_t width = backend.block_table_width();
+  HostTensor table(DType::kInt32, {2, width});  // request 0 = pool row 1: pages 7, 3; request 1: page 5
+  table.data<int32_t>()[0] = 5;
+  table.data<int32_t>()[width] = 7;
+  table.data<int32_t>()[width + 1] = 3;
+  const DeviceTensor req_to_page(table), pool(int_tensor(DType::kInt64, {1, 0}));
+  const DeviceTensor seq_lens(int_tensor(DType::kInt32, {12, 8}));
+  const HostTensor prefix = int_tensor(DType::kInt32, {10, 3}), fresh = int_tensor(DType::kInt32, {2, 5});
+  backend.init_forward_metadata(2, 2, pool.view(), seq_lens.view(), ForwardMode::kExtend,
+                                req_to_page.view(), MlaBackend::ExtendLens{prefix.view(), fresh.view()});
+  const ExtendMetadata* md = backend.extend_metadata();
+  ASSERT_NE(md, nullptr);
+  ASSERT_EQ(md->chunks.num_loops, 3);
+  EXPECT_EQ(int_values(download(md->cu_seq_lens).view()), (std::vector<int64_t>{0, 12, 20}));
+  EXPECT_EQ(int_values(download(md->cu_extend_seq_lens).view()), (std::vector<int64_t>{0, 2, 7}));
+  EXPECT_EQ(int_values(download(md->chunk_cu_seq_lens[1]).view()), (std::vector<int64_t>{0, 4, 4}));
+  EXPECT_EQ(int_values(download(md->chunk_slots[0]).view()), (std::vector<int64_t>{56, 57, 58, 59, 40, 41, 42}));
+  EXPECT_EQ(int_values(download(md->chunk_slots[1]).view()), (std::vector<int64_t>{60, 61, 62, 63}));
+  EXPECT_EQ(int_values(download(md->chunk_slots[2]).view()), (std::vector<int64_t>{24, 25}));
+}
+
+// A decode batch held on the host and on the GPU: request r uses pool row r; pool row p owns
+// pages 1 + 4p .. 4 + 4p (page 0 is the null page); page size 16, 4 heads.
+struct DecodeData {
+  static constexpr int64_t kPool = 4, kHeads = 4, kPage = 16;
+  HostTensor cache, req_to_page;
+
+  DecodeData(DType dtype, std::mt19937_64& rng)
+      : cache(dtype, {1 + 4 * kPool, kPage, 576}), req_to_page(DType::kInt32, {kPool, 4}) {
+    fill_uniform(cache, rng, -1.0, 1.0);
+    for (int64_t p = 0; p < kPool; ++p)
+      for (int64_t i = 0; i < 4; ++i) req_to_page.data<int32_t>()[p * 4 + i] = static_cast<int32_t>(1 + 4 * p + i);
+  }
+};
+
+MlaBackendConfig decode_config(DType dtype, Device device) {
+  MlaBackendConfig config = small_config(device);
+  config.page_size = DecodeData::kPage;
+  config.context_len = 64;
+  config.kv_cache_dtype = dtype;
+  config.num_draft_tokens = 2;
+  return config;
+}
+
+double output_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 6e-2 : 1e-2; }
+
+TEST(BackendGpu, DecodeStepMatchesTheCpuBackend) {
+  SPEEDMLA_REQUIRE_GPU();
+  std::mt19937_64 rng(5);
+  for (DType dtype : {DType::kBFloat16, DType::kFloat8E4M3}) {
+    const DecodeData data(dtype, rng);
+    const int64_t bs = 3, q_len = 2, tokens = bs * q_len, heads = DecodeData::kHeads;
+    const HostTensor pool = int_tensor(DType::kInt64, {2, 0, 3});
+    const HostTensor seq_lens = int_tensor(DType::kInt32, {33, 2, 64});
+    HostTensor q(DType::kBFloat16, {tokens, heads, 576}), new_kv(DType::kBFloat16, {tokens, 1, 576});
+    fill_uniform(q, rng, -1.0, 1.0);
+    fill_uniform(new_kv, rng, -1.0, 1.0);
+    // The new tokens are the last two positions of every request.
+    std::vector<int64_t> slot_values;
+    for (int64_t r = 0; r < bs; ++r)
+      for (int64_t pos = seq_lens.data<int32_t>()[r] - q_len; pos < seq_lens.data<int32_t>()[r]; ++pos)
+        slot_values.push_back(data.req_to_page.data<int32_t>()[pool.data<int64_t>()[r] * 4 + pos / 16] * 16 + pos % 16);
+    const HostTensor slots = int_tensor(DType::kInt64, slot_values);
+
+    // The CPU backend: the reference.
+    HostTensor cpu_cache(dtype, {1 + 4 * DecodeData::kPool, 16, 576});
+    std::memcpy(cpu_cache.view().data, data.cache.view().data, data.cache.nbytes());
+    MlaBackend cpu(decode_config(dtype, Device{}));
+    cpu.init_forward_metadata(bs, 0, pool.view(), seq_lens.view(), ForwardMode::kDecode, data.req_to_page.view(),
+                              std::nullopt);
+    HostTensor expected(DType::kBFloat16, {tokens, heads, 512});
+    cpu.forward_decode(q.view(), cpu_cache.view(), bs, expected.view(), 0.05f, 0.75f,
+                       NewTokenKv{new_kv.view(), slots.view()});
+
+    MlaBackend gpu(decode_config(dtype, current_gpu()));
+    DeviceTensor d_cache(data.cache), d_table(data.req_to_page), d_pool(pool), d_lens(seq_lens), d_q(q),
+        d_new(new_kv), d_slots(slots), d_out(DType::kBFloat16, {tokens, heads, 512});
+    d_out.fill_bytes(0xFF);
+    gpu.init_forward_metadata(bs, 0, d_pool.view(), d_lens.view(), ForwardMode::kDecode, d_table.view(),
+                              std::nullopt);
+    gpu.forward_decode(d_q.view(), d_cache.view(), bs, d_out.view(), 0.05f, 0.75f,
+                       NewTokenKv{d_new.view(), d_slots.view()});
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const HostTensor gpu_cache = d_cache.to_host();
+    EXPECT_EQ(std::memcmp(gpu_cache.view().data, cpu_cache.view().data, cpu_cache.nbytes()), 0)
+        << dtype_name(dtype) << ": the KV write must be bit-exact";
+    const ErrorStats err = compare(d_out.to_host(), expected);
+    EXPECT_EQ(err.nonfinite, 0) << dtype_name(dtype);
+    EXPECT_LT(err.rel_l2, output_bound(dtype)) << dtype_name(dtype) << " " << err.summary();
+  }
+}
+
+TEST(BackendGpu, CapturedGraphReplaysWithThreeBatches) {
+  SPEEDMLA_REQUIRE_GPU();
+  std::mt19937_64 rng(6);
+  const DType dtype = DType::kFloat8E4M3;
+  const DecodeData data(dtype, rng);
+  const int64_t graph_bs = 4, heads = DecodeData::kHeads;
+  MlaBackend backend(decode_config(dtype, current_gpu()));
+  DeviceTensor d_cache(data.cache), d_table(data.req_to_page);
+  DeviceTensor d_lens(DType::kInt32, {graph_bs}), d_pool(DType::kInt64, {graph_bs});
+  DeviceTensor d_q(DType::kBFloat16, {graph_bs, heads, 576}), d_out(DType::kBFloat16, {graph_bs, heads, 512});
+  backend.init_cuda_graph_state(graph_bs, d_lens.view());
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  backend.init_forward_metadata_capture_cuda_graph(graph_bs);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  backend.forward_decode(d_q.view(), d_cache.view(), graph_bs, d_out.view(), 0.05f, 1.0f, std::nullopt,
+                         std::nullopt, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  MlaBackend cpu(decode_config(dtype, Device{}));
+  const std::vector<std::vector<int64_t>> pools{{3, 1}, {0, 2, 1, 3}, {2, 2, 0}};
+  const std::vector<std::vector<int64_t>> lengths{{64, 17}, {1, 40, 63, 8}, {16, 33, 5}};
+  for (size_t step = 0; step < pools.size(); ++step) {
+    const auto real = static_cast<int64_t>(pools[step].size());
+    // The engine pads the batch: pool index 0 (any), seq_len = the fill value.
+    std::vector<int64_t> pool = pools[step], lens = lengths[step];
+    pool.resize(graph_bs, 0);
+    lens.resize(graph_bs, MlaBackend::cuda_graph_seq_len_fill_value());
+    const HostTensor h_pool = int_tensor(DType::kInt64, pool), h_lens = int_tensor(DType::kInt32, lens);
+    HostTensor q(DType::kBFloat16, {graph_bs, heads, 576});
+    fill_uniform(q, rng, -1.0, 1.0);
+    d_pool.upload(h_pool);
+    d_lens.upload(h_lens);
+    d_q.upload(q);
+    d_out.fill_bytes(0xFF);
+    backend.init_forward_metadata_replay_cuda_graph(graph_bs, d_pool.view(), d_table.view(), real,
+                                                    ForwardMode::kDecode, stream);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+    HostTensor expected(DType::kBFloat16, {real, heads, 512}), got(DType::kBFloat16, {real, heads, 512});
+    cpu.init_forward_metadata(real, 0, h_pool.view(), h_lens.view(), ForwardMode::kDecode,
+                              data.req_to_page.view(), std::nullopt);
+    HostTensor q_real(DType::kBFloat16, {real, heads, 576});
+    std::memcpy(q_real.view().data, q.view().data, q_real.nbytes());
+    cpu.forward_decode(q_real.view(), data.cache.view(), real, expected.view(), 0.05f);
+    const HostTensor out = d_out.to_host();
+    std::memcpy(got.view().data, out.view().data, got.nbytes());
+    const ErrorStats err = compare(got, expected);
+    EXPECT_EQ(err.nonfinite, 0) << "step " << step;
+    EXPECT_LT(err.rel_l2, output_bound(dtype)) << "step " << step << " " << err.summary();
+    for (int64_t i = got.numel(); i < out.numel(); ++i)  // padded rows: one key, finite
+      ASSERT_TRUE(std::isfinite(get(out, i))) << "padded row element " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(BackendGpu, WorkspaceDoesNotGrowDuringCapture) {
+  SPEEDMLA_REQUIRE_GPU();
+  MlaBackendConfig config = decode_config(DType::kFloat8E4M3, current_gpu());
+  MlaBackend backend(config);
+  const int64_t rows = std::max(config.max_batch, config.max_graph_batch);
+  int64_t q_len = 1;
+  while (q_len < 1024 && backend.workspace_bytes(rows, q_len) <= workspace_capacity(config.device)) q_len *= 2;
+  if (backend.workspace_bytes(rows, q_len) <= workspace_capacity(config.device))
+    GTEST_SKIP() << "the shared workspace is already larger than any q_len needs";
+  std::mt19937_64 rng(7);
+  const DecodeData data(DType::kFloat8E4M3, rng);
+  DeviceTensor d_cache(data.cache), d_table(data.req_to_page);
+  const DeviceTensor d_pool(int_tensor(DType::kInt64, {0})), d_lens(int_tensor(DType::kInt32, {64}));
+  backend.init_forward_metadata(1, 0, d_pool.view(), d_lens.view(), ForwardMode::kDecode, d_table.view(),
+                                std::nullopt);
+  DeviceTensor d_q(DType::kBFloat16, {q_len, DecodeData::kHeads, 576});
+  DeviceTensor d_out(DType::kBFloat16, {q_len, DecodeData::kHeads, 512});
+  const size_t before = workspace_capacity(config.device);
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  std::string message;
+  try {
+    backend.forward_decode(d_q.view(), d_cache.view(), 1, d_out.view(), 0.05f, 1.0f, std::nullopt,
+                           std::nullopt, stream);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_NE(message.find("cannot grow during CUDA-graph capture"), std::string::npos) << message;
+  EXPECT_EQ(workspace_capacity(config.device), before);
+  // Outside capture the same call grows the workspace and runs.
+  backend.forward_decode(d_q.view(), d_cache.view(), 1, d_out.view(), 0.05f, 1.0f, std::nullopt,
+                         std::nullopt, stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_GE(workspace_capacity(config.device), backend.workspace_bytes(rows, q_len));
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace speedmla::test
