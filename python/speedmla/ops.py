@@ -1,0 +1,214 @@
+"""The operations of the speedmla contract (§4), one function each.
+
+Every function takes PyTorch tensors (CPU or CUDA) or NumPy arrays, without copying them. CUDA
+work runs on PyTorch's current stream, allocates only through PyTorch, never waits for the
+device, and can be captured in torch.cuda.graph. CPU tensors run the CPU reference. An ``out``
+left as None is allocated on the inputs' framework and device and returned. Bad arguments raise
+:class:`speedmla.Error` naming the argument and the expected value.
+
+Notation: T tokens, H heads, B requests; FP8 is float8_e4m3fn (torch.float8_e4m3fn). NumPy has
+no bfloat16/float8: pass and receive such data as uint16/uint8 bit arrays (see _tensors).
+"""
+
+from __future__ import annotations
+
+from . import _tensors as tz
+from ._native import lib
+
+LATENT_DIM = 512  # kv_lora_rank: the latent part of a cache row, and the decode output width
+ROPE_DIM = 64  # qk_rope_head_dim
+CACHE_ROW_DIM = LATENT_DIM + ROPE_DIM  # 576: one cache row, one decode query row
+PREFILL_QK_DIM = 192  # qk_nope_head_dim (128) + qk_rope_head_dim (64)
+PREFILL_V_DIM = 128  # v_head_dim
+
+
+def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
+               output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False,
+               workspace=None):
+    """MLA decode / speculative verify over a paged latent KV cache.
+
+    Args:
+        q: [B, q_len, H, 576] FP8 or BF16 (the cache's dtype), 1 <= H <= 128; last dim contiguous.
+        kv_cache: [num_pages, page_size, 576] FP8 or BF16; page 0 is the null page.
+        block_table: [B, max_pages] int32 page ids (padding may hold anything).
+        seq_lens: [B] int32 KV lengths including the q_len new tokens (already in the cache).
+        softmax_scale: multiplies q·k (fold every q/k dequantisation scale in).
+        output_scale: multiplies the output (a V dequantisation scale).
+        out: optional [B, q_len, H, 512] BF16.
+        lse: optional [B, q_len, H] FP32 natural-log LSE (-inf for a row that sees no key).
+        return_lse: allocate lse when it is None and return (out, lse).
+        workspace: optional uint8 [>= mla_decode_workspace_size(B, H, q_len, SMs)] on the GPU;
+            allocated through PyTorch when None. Unused on the CPU.
+
+    Query token t of request b sees keys k < seq_lens[b] - (q_len - 1) + t.
+
+    Returns:
+        out, or (out, lse) when return_lse.
+    """
+    dims = tz.shape(q)
+    if out is None:
+        out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
+    else:
+        out_arg = tz.arg(out)
+    if lse is None and return_lse:
+        lse, _ = tz.empty(q, dims[:3], "float32")
+    if workspace is None and tz.is_cuda(q):
+        sms = device_sm_count(q.device.index)
+        workspace, _ = tz.empty(q, (mla_decode_workspace_size(dims[0], dims[2], dims[1], sms),), "uint8")
+    lib().mla_decode(tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg, tz.arg(lse),
+                     workspace, float(softmax_scale), float(output_scale))
+    return (out, lse) if return_lse else out
+
+
+def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_scale: float,
+                output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False):
+    """Ragged multi-head attention for MLA prefill (the un-absorbed form).
+
+    Args:
+        q: [total_q, H, 192] FP8 or BF16; last dim contiguous.
+        k: [total_k, H_kv, 192], same dtype as q; H a multiple of H_kv.
+        v: [total_k, H_kv, 128], same dtype as q.
+        cu_seqlens_q, cu_seqlens_k: [B+1] int32 cumulative lengths, starting at 0. Requests with
+            no queries or no keys are legal.
+        causal: bottom-right aligned: query i of a request with len_q queries and len_k keys
+            sees key j iff j <= i + (len_k - len_q). Non-causal sees all keys.
+        softmax_scale: multiplies q·k; output_scale multiplies the output.
+        out: optional [total_q, H, 128] BF16 (rows past cu_seqlens_q[B] untouched).
+        lse: optional [total_q, H] FP32; return_lse allocates it and returns (out, lse).
+
+    Returns:
+        out, or (out, lse) when return_lse.
+    """
+    total_q, heads, _ = tz.shape(q)
+    if out is None:
+        out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
+    else:
+        out_arg = tz.arg(out)
+    if lse is None and return_lse:
+        lse, _ = tz.empty(q, (total_q, heads), "float32")
+    lib().mla_prefill(tz.arg(q), tz.arg(k), tz.arg(v), cu_seqlens_q, cu_seqlens_k, out_arg,
+                      tz.arg(lse), bool(causal), float(softmax_scale), float(output_scale))
+    return (out, lse) if return_lse else out
+
+
+def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None):
+    """Merges two partial attention results over disjoint key sets by their LSE.
+
+    m = max(lse_a, lse_b); w = exp(lse - m); out = (w_a out_a + w_b out_b) / (w_a + w_b);
+    lse = m + ln(w_a + w_b). Both -inf gives out 0, lse -inf.
+
+    Args:
+        out_a, out_b: [T, H, D] BF16 or FP32 (may differ); last dim contiguous.
+        lse_a, lse_b: [T, H] FP32.
+        out: optional [T, H, D] BF16 or FP32; may be out_a (in place). Default: out_a's dtype.
+        lse: optional [T, H] FP32; may be lse_a. Allocated when None.
+
+    Returns:
+        (out, lse)
+    """
+    if out is None:
+        out, out_arg = tz.empty(out_a, tz.shape(out_a), tz.dtype_name(out_a))
+    else:
+        out_arg = tz.arg(out)
+    if lse is None:
+        lse, _ = tz.empty(out_a, tz.shape(lse_a), "float32")
+    lib().merge_attn_states(tz.arg(out_a), lse_a, tz.arg(out_b), lse_b, out_arg, lse)
+    return out, lse
+
+
+def kv_cache_write(kv_cache, slots, latent, rope, *, scale_inv: float = 1.0) -> None:
+    """Writes new tokens' rows into the cache, in place.
+
+    kv_cache[slot] = convert(latent ‖ rope × scale_inv) to the cache dtype (FP8: round to nearest
+    even, saturate to ±448).
+
+    Args:
+        kv_cache: [num_pages, page_size, 576] FP8 or BF16 (written).
+        slots: [T] int64 slot = page * page_size + offset; negative or out-of-range slots skip.
+        latent: [T, 512] and rope: [T, 64], BF16, FP16 or FP32; last dims contiguous.
+        scale_inv: multiplies every value before the conversion.
+    """
+    lib().kv_cache_write(tz.arg(kv_cache), slots, tz.arg(latent), tz.arg(rope), float(scale_inv))
+
+
+def gather_cache(kv_cache, slots, *, scale: float = 1.0, out=None):
+    """Gathers cache rows dequantised to BF16: out[i] = bf16(kv_cache[slots[i]] × scale).
+
+    Args:
+        kv_cache: [num_pages, page_size, 576] FP8 or BF16.
+        slots: [n] int64; a negative slot gives zeros, one past the cache NaN.
+        scale: the cache's dequantisation scale.
+        out: optional [n, 576] BF16.
+
+    Returns:
+        out
+    """
+    if out is None:
+        out, out_arg = tz.empty(kv_cache, (tz.shape(slots)[0], CACHE_ROW_DIM), "bfloat16")
+    else:
+        out_arg = tz.arg(out)
+    lib().gather_cache(tz.arg(kv_cache), slots, out_arg, float(scale))
+    return out
+
+
+def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
+    """out = fp8_e4m3(x × scale_inv), round to nearest even, saturating to ±448.
+
+    Args:
+        x: any shape (up to 6 dims), BF16, FP16 or FP32; last dim contiguous.
+        out: optional, same shape, FP8.
+
+    Returns:
+        out
+    """
+    if out is None:
+        out, out_arg = tz.empty(x, tz.shape(x), "float8_e4m3fn")
+    else:
+        out_arg = tz.arg(out)
+    lib().quantize_fp8(tz.arg(x), out_arg, float(scale_inv))
+    return out
+
+
+def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_inv: float = 1.0,
+                    v_scale_inv: float = 1.0, k_out=None, v_out=None):
+    """Packs prefill keys and values: k = k_nope ‖ broadcast_heads(k_rope), v copied, converted.
+
+    Args:
+        k_nope: [T, H, 128] BF16, FP16 or FP32.
+        k_rope: [T, 64] or [T, 1, 64], same dtype choice.
+        v: [T, H, 128].
+        dtype: "float8_e4m3fn" (default) or "bfloat16": the dtype of k_out and v_out.
+        k_scale_inv, v_scale_inv: multiply k and v before the conversion.
+        k_out: optional [T, H, 192]; v_out: optional [T, H, 128], both of `dtype`.
+
+    Returns:
+        (k_out, v_out)
+    """
+    tokens, heads, _ = tz.shape(k_nope)
+    if k_out is None:
+        k_out, k_arg = tz.empty(k_nope, (tokens, heads, PREFILL_QK_DIM), dtype)
+    else:
+        k_arg = tz.arg(k_out)
+    if v_out is None:
+        v_out, v_arg = tz.empty(k_nope, (tokens, heads, PREFILL_V_DIM), dtype)
+    else:
+        v_arg = tz.arg(v_out)
+    lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg,
+                          float(k_scale_inv), float(v_scale_inv))
+    return k_out, v_out
+
+
+def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: int) -> int:
+    """Bytes of GPU workspace mla_decode needs: an upper bound independent of sequence lengths."""
+    return int(lib().mla_decode_workspace_size(int(batch), int(num_heads), int(q_len), int(num_sms)))
+
+
+def device_sm_count(device: int) -> int:
+    """Number of multiprocessors of CUDA device `device`."""
+    return int(lib().device_sm_count(int(device)))
+
+
+def decode_page_size_supported(page_size: int) -> bool:
+    """Whether the decode kernels take this page size (8, 16, 32, 64 or 128)."""
+    return bool(lib().decode_page_size_supported(int(page_size)))
+
