@@ -43,6 +43,12 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DSPEEDMLA_DEPS_DIR="$deps"
+        -DSPEEDMLA_DEPS_DIR="$deps" -DPython3_EXECUTABLE="$(command -v "$python")"
 fi
 cmake --build "$build" -j "${SPEEDMLA_JOBS:-$(nproc)}"
+
+# The Python package loads its compiled module from python/speedmla/_lib (docs/python.md).
+if [ -f "$build/libspeedmla_tvm_ffi.so" ]; then
+  mkdir -p "$root/python/speedmla/_lib"
+  cp "$build/libspeedmla_tvm_ffi.so" "$root/python/speedmla/_lib/"
+fi
