@@ -13,7 +13,7 @@ setup="$root/scripts/setup.sh"
 # The pins, read from setup.sh (the only place they are written).
 eval "$(sed -n 's/^\([A-Z_]*_VERSION\)=\([^ ]*\).*/\1=\2/p' "$setup")"
 mkdir -p "$root/.whl"
-sed -n 's/^install_pip "\(.*\)"$/\1/p' "$setup" | while read -r spec; do
+sed -n 's/^install_pip "\([^"]*\)".*/\1/p' "$setup" | while read -r spec; do
   spec=$(eval echo "$spec")
   "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --no-deps \
     --only-binary=:all: --python-version "$python_version" --implementation cp \

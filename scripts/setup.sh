@@ -26,6 +26,7 @@ install_pip() {  # name==version, only when the stamp for that exact pin is miss
 }
 install_pip "nvidia-cutlass==$CUTLASS_VERSION"
 install_pip "apache-tvm-ffi==$TVM_FFI_VERSION"
+install_pip "typing-extensions==4.15.0"  # apache-tvm-ffi's requirement
 install_pip "numpy==$NUMPY_VERSION"
 install_pip "pytest==$PYTEST_VERSION"
 # pytest's own requirements, pinned.
