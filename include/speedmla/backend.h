@@ -7,10 +7,12 @@
 // (CuteDSLMLABackend) with the same method names, for Hopper and without PyTorch.
 //
 // All tensors handed in stay owned by the caller. A metadata view the backend returns is valid
-// until the call that replaces it; its `storage` member keeps the memory alive beyond that.
-// Every method is stream-ordered on the given stream and never synchronises with the host,
-// except init_forward_metadata for batches with extend requests (it uploads host-built lists).
-// Not thread-safe: one backend serves one engine thread.
+// until the call that replaces it; its `storage` member keeps the memory allocated beyond that
+// (a later batch may overwrite the contents). Every method is stream-ordered on the given stream
+// and never synchronises with the host, except init_forward_metadata for batches with extend
+// requests (it uploads host-built lists). Every method throws speedmla::Error, naming the
+// argument and the expected value, for anything it can check; a call its checks refuse leaves
+// the previous metadata in place. Not thread-safe: one backend serves one engine thread.
 #pragma once
 
 #include <cstdint>

@@ -315,22 +315,21 @@ void MlaBackend::init_forward_metadata(int64_t bs, int64_t num_extends,
     c.require(extend.has_value(), "an ", forward_mode_name(mode),
               " batch needs the extend requests' host lengths (extend)");
     s.build_extend(c, num_extends, *extend, req_pool_indices, req_to_page, stream);
+  }
+  if (builds_decode) {
+    const TensorView table = s.decode_table->view(DType::kInt32, {bs, s.width});
+    detail::build_block_table(c.function(), req_to_page, req_pool_indices, bs, table, stream);
+    s.decode = DecodeMetadata{
+        .num_extends = num_extends,
+        .max_seq_len = s.config.context_len,
+        .block_table = table,
+        .seq_lens = detail::slice_rows(seq_lens, 0, bs),
+        .storage = s.decode_table,
+    };
   } else {
-    s.extend.reset();
-  }
-  if (!builds_decode) {
     s.decode.reset();
-    return;
   }
-  const TensorView table = s.decode_table->view(DType::kInt32, {bs, s.width});
-  detail::build_block_table(c.function(), req_to_page, req_pool_indices, bs, table, stream);
-  s.decode = DecodeMetadata{
-      .num_extends = num_extends,
-      .max_seq_len = s.config.context_len,
-      .block_table = table,
-      .seq_lens = detail::slice_rows(seq_lens, 0, bs),
-      .storage = s.decode_table,
-  };
+  if (!builds_extend) s.extend.reset();  // last: a failed call above keeps the old metadata
 }
 
 int64_t MlaBackend::set_num_extends(int64_t num_extends) {
