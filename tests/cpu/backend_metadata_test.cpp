@@ -183,6 +183,23 @@ TEST(BackendMetadata, RejectsBadBatches) {
   }, "req_to_page rows hold only 2 pages");
 }
 
+TEST(BackendMetadata, ARefusedBatchKeepsThePreviousMetadata) {
+  MlaBackend backend(small_config());
+  const HostTensor req_to_page = numbered_req_to_page(3, 6);
+  const HostTensor pool = int_tensor(DType::kInt64, {0, 1, 2});
+  const HostTensor seq_lens = int_tensor(DType::kInt32, {4, 4, 4});
+  const HostTensor prefix = int_tensor(DType::kInt32, {5}), fresh = int_tensor(DType::kInt32, {3});
+  backend.init_forward_metadata(3, 1, pool.view(), seq_lens.view(), ForwardMode::kMixed,
+                                req_to_page.view(), MlaBackend::ExtendLens{prefix.view(), fresh.view()});
+  const HostTensor floats(DType::kFloat32, {3});
+  EXPECT_THROW(backend.init_forward_metadata(3, 0, floats.view(), seq_lens.view(), ForwardMode::kDecode,
+                                             req_to_page.view(), std::nullopt),
+               Error);
+  ASSERT_NE(backend.extend_metadata(), nullptr);
+  EXPECT_EQ(backend.decode_metadata()->num_extends, 1);
+  EXPECT_EQ(int_values(backend.decode_metadata()->block_table), expected_block_table({0, 1, 2}, 3, 6, 6, 3));
+}
+
 TEST(BackendGraph, CaptureThenReplayRefreshesInPlace) {
   MlaBackend backend(small_config());
   HostTensor seq_lens_buf = int_tensor(DType::kInt32, {1, 1, 1, 1});
