@@ -31,15 +31,21 @@ __device__ __forceinline__ RowMerge merge_row(float lse_a, float lse_b) {
   return {w_a / sum, w_b / sum, 0.f, m + logf(sum)};
 }
 
+// Lanes of a warp that merge one row of `chunks_per_row` chunks: the smallest power of two
+// covering them, at most 32, so that short rows (head_dim 128) still keep every lane busy.
+__host__ __device__ constexpr int merge_lanes_per_row(int64_t chunks_per_row) {
+  int lanes = 1;
+  while (lanes < 32 && lanes < chunks_per_row) lanes *= 2;
+  return lanes;
+}
+
 // A group of lanes_per_row lanes of a warp merges one row (t, h), kChunk elements per lane and
-// step; lanes_per_row is the smallest power of two covering the row's chunks, at most 32, so
-// that short rows (head_dim 128) still keep every lane busy.
+// step.
 template <typename OutT, int kChunk>
 __global__ void __launch_bounds__(kElementwiseThreads)
     merge_attn_states_kernel(const MergeAttnStatesParams p) {
   const int64_t chunks_per_row = p.head_dim / kChunk;
-  int lanes_per_row = 1;
-  while (lanes_per_row < 32 && lanes_per_row < chunks_per_row) lanes_per_row *= 2;
+  const int lanes_per_row = merge_lanes_per_row(chunks_per_row);
   const int rows_per_warp = 32 / lanes_per_row;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int lane_in_row = lane % lanes_per_row;
@@ -81,17 +87,23 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
+// Work items are the threads of the warps that cover every row.
+template <typename OutT, int kChunk>
+void launch_with_chunk(const MergeAttnStatesParams& p, Stream stream) {
+  const int rows_per_warp = 32 / merge_lanes_per_row(p.head_dim / kChunk);
+  const int64_t warps = (p.num_tokens * p.num_heads + rows_per_warp - 1) / rows_per_warp;
+  launch_elementwise(merge_attn_states_kernel<OutT, kChunk>, warps * 32, p, stream);
+}
+
 template <typename OutT>
 void launch(const MergeAttnStatesParams& p, Stream stream) {
-  const int64_t rows = p.num_tokens * p.num_heads;
-  // Work items: one warp per row, which bounds the grid; the kernel regroups lanes by row.
   if (p.head_dim % kVectorChunk == 0 &&
       aligned16(p.out_a, p.out_a_dtype, {p.out_a_stride_token, p.out_a_stride_head}) &&
       aligned16(p.out_b, p.out_b_dtype, {p.out_b_stride_token, p.out_b_stride_head}) &&
       aligned16(p.out, p.out_dtype, {p.out_stride_token, p.out_stride_head}))
-    launch_elementwise(merge_attn_states_kernel<OutT, kVectorChunk>, rows * 32, p, stream);
+    launch_with_chunk<OutT, kVectorChunk>(p, stream);
   else
-    launch_elementwise(merge_attn_states_kernel<OutT, 1>, rows * 32, p, stream);
+    launch_with_chunk<OutT, 1>(p, stream);
 }
 
 }  // namespace
