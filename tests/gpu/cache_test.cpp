@@ -184,7 +184,7 @@ TEST(CacheGpuGraph, WriteAndGatherReplayWithNewData) {
   constexpr float kScaleInv = 0.5f, kScale = 2.f;
 
   cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -206,6 +206,7 @@ TEST(CacheGpuGraph, WriteAndGatherReplayWithNewData) {
     fill_wide(rope.host, rng);
     for (Mirror* t : {&slots, &gather_slots, &latent, &rope}) t->upload();
     out.poison();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads and poison land before the replay
 
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
