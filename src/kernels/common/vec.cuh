@@ -1,11 +1,10 @@
-// Loading and storing N contiguous elements as floats. When N elements fill whole 16-byte
-// words (N * sizeof(T) a multiple of 16) they move as 16-byte accesses (LDG.E.128/STG.E.128),
-// and the address must be 16-byte aligned, which the host guarantees by choosing that path only
-// for aligned tensors; otherwise (N = 1, the scalar path) element by element.
+// Loading and storing N contiguous elements as floats. When N * sizeof(T) is a multiple of 16
+// they move as 16-byte accesses (LDG.E.128 / STG.E.128) and the address must be 16-byte
+// aligned, which the host guarantees by choosing that path only for aligned tensors; otherwise
+// (N = 1, the scalar path) element by element.
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/common/convert.cuh"
 #include "speedmla/tensor.h"
