@@ -1,6 +1,7 @@
 // speedmla-bench: times mla_decode over the grid of ../shared/spec/performance.md.
 //
 //   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N]
+//                  [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
 //
 // Every case: fixed sequence lengths, pages drawn at random from one large pool (the cache is
 // far larger than the 60 MB L2), the L2 flushed before each timed call, median of --iters calls
@@ -162,15 +163,28 @@ int main(int argc, char** argv) {
   int iters = 30;
   std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
   std::vector<int> pages;
+  std::vector<Case> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
+      char type[8] = {};
+      Case c{};
+      if (std::sscanf(argv[++i], "%7[^,],%d,%d,%d,%d,%d", type, &c.page_size, &c.batch, &c.seq_len, &c.heads,
+                      &c.q_len) != 6) {
+        std::fprintf(stderr, "--case wants fp8|bf16,PAGE,B,S_K,H,Q_LEN\n");
+        return 2;
+      }
+      c.dtype = std::string(type) == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16;
+      only.push_back(c);
+    }
     else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {
       const std::string d = argv[++i];
       dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--case ...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -194,6 +208,7 @@ int main(int argc, char** argv) {
       for (int b : {4, 16})
         for (int h : {16, 32}) cases.push_back({dtype, page, b, 81920, h, 4});
     }
+  if (!only.empty()) cases = only;
 
   Buffers buf;
   buf.cache_bytes = size_t(128) * 32768 * kCacheRowDim * 2 + (size_t{64} << 20);

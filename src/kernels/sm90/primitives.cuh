@@ -129,6 +129,14 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   return packed;
 }
 
+// 2^x with the hardware approximation (2 ulp), flushing denormal results to zero: exp2f adds
+// range handling for denormals that softmax does not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Byte permute: result byte i = byte selector_nibble_i of the 8-byte value {b, a}.
 __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;

@@ -6,13 +6,15 @@
 //   warpgroup 0 (producer)  TMA loads of whole cache rows (page by page) into a ring of K
 //                           stages. FP8: all four warps also transpose the value columns of each
 //                           block into a K-major V^T buffer (FP8 wgmma reads both operands
-//                           K-major only). BF16: one warp zeroes the value rows past seq_len in
-//                           a sequence's last block, since 0 * NaN would leak unused slots.
+//                           K-major only), writing zeros for tokens past seq_len.
 //   warpgroup 1 (scores)    S = Q·K^T (wgmma, both from shared memory), online softmax in base
 //                           2, P kept in registers as the A operand of O[:, 0:256] += P·V. P
 //                           and the per-row rescale factors go to warpgroup 2 through shared
 //                           memory. The P·V of block j-1 runs while the softmax of block j does.
 //   warpgroup 2 (values)    O[:, 256:512] += P·V for the same blocks.
+// Rows past seq_len in a sequence's last block hold whatever the cache holds there (NaN
+// included) and 0 * NaN would leak into P·V: FP8 zeroes them in V^T, BF16 consumers zero their
+// half of those value rows before their P·V.
 //
 // Synchronisation: mbarriers for producer -> consumer data (full, vready) and consumer ->
 // producer buffer release (kfree, vfree); two named barriers for the P hand-over between the
@@ -80,8 +82,8 @@ struct DecodeKernel {
 
   static constexpr int kKStages = Traits::kKStages;
   static constexpr int kVtStages = Traits::kVtStages;
-  // FP8: value-ready/free barriers per V^T stage. BF16: the tail-ready barrier per K stage.
-  static constexpr int kVBarriers = Traits::kFp8 ? kVtStages : kKStages;
+  // FP8: value-ready/free barriers per V^T stage. BF16 reads values from the K stage.
+  static constexpr int kVBarriers = kVtStages;
 
   // Shared memory map, offsets from a 1024-byte aligned base (swizzle atoms need it).
   static constexpr int kQOffset = 0;
@@ -95,14 +97,17 @@ struct DecodeKernel {
   static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment slack
 
   // Named barriers between the consumer warpgroups (0 is __syncthreads).
-  static constexpr uint32_t kBarPFull = 1, kBarPFree = 2, kBarScoresWg = 3;
+  static constexpr uint32_t kBarPFull = 1, kBarPFree = 2, kBarScoresWg = 3, kBarValuesWg = 4;
 
-  // Register budgets after setmaxnreg: 128 * (64 + 240 + 208) = the 64K registers of the SM.
-  // Both consumers hold a 64x256 FP32 accumulator (128 registers) and P; the scores
-  // warpgroup also the 64x64 scores and the softmax state. The FP8 transposer spills below 64.
-  static constexpr int kProducerRegs = 64;
+  // Register budgets after setmaxnreg. They must add up to what the CTA was given at launch
+  // (168 per thread, 128 * 504 in all): increases are served only from what other warps of
+  // the CTA released, so asking for more waits forever. Both consumers hold a 64x256 FP32
+  // accumulator (128 registers) and P; the scores warpgroup also the 64x64 scores and the
+  // softmax state.
+  static constexpr int kProducerRegs = 56;
   static constexpr int kScoresRegs = 240;
   static constexpr int kValuesRegs = 208;
+  static_assert(kProducerRegs + kScoresRegs + kValuesRegs == 3 * 168);
 
   struct Smem {
     uint8_t* q;
@@ -112,8 +117,8 @@ struct DecodeKernel {
     float* row_scale;
     uint64_t* full;    // [kKStages]   TMA bytes landed
     uint64_t* kfree;   // [kKStages]   K stage may be overwritten
-    uint64_t* vready;  // [kVBarriers] FP8: V^T written. BF16: tail rows zeroed
-    uint64_t* vfree;   // [kVBarriers] FP8: V^T stage may be overwritten (unused for BF16)
+    uint64_t* vready;  // [kVBarriers] FP8: V^T written
+    uint64_t* vfree;   // [kVBarriers] FP8: V^T stage may be overwritten
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -137,7 +142,7 @@ struct DecodeKernel {
       sm90::mbarrier_init(&s.kfree[i], 8);  // see the release points in the consumers/transposer
     }
     for (int i = 0; i < kVBarriers; ++i) {
-      sm90::mbarrier_init(&s.vready[i], Traits::kFp8 ? 4 : 1);
+      sm90::mbarrier_init(&s.vready[i], 4);
       sm90::mbarrier_init(&s.vfree[i], 8);
     }
     sm90::fence_barrier_init();
@@ -253,32 +258,12 @@ struct DecodeKernel {
     }
   }
 
-  // BF16: warp 0 loads; warp 1 zeroes the value rows past seq_len of each partial block.
+  // BF16: one thread issues all loads; the other producer threads have nothing to do.
   static __device__ void producer_bf16(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    if (warp == 0) {
-      if (lane == 0) {
-        BlockCursor load_cursor(p, part);
-        int issued = 0;
-        issue_loads_until(p, kv_map, s, load_cursor, issued, 0x7fffffff);
-      }
-    } else if (warp == 1) {
-      int j = 0;
-      for (BlockCursor cursor(p, part); cursor.valid(); cursor.advance(), ++j) {
-        const int valid = valid_tokens_in_block(p.seq_lens[cursor.piece().request], cursor.block());
-        if (valid == kBlockTokens) continue;
-        const int stage = j % kKStages;
-        sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
-        // Whole 16-byte pieces of the value chunks: the row's swizzle only permutes them.
-        const uint32_t k_stage = sm90::smem_u32(s.k + stage * kTileBytes);
-        const int pieces = (kBlockTokens - valid) * kPiecesPerChunkRow;
-        for (int c = 0; c < kValueChunks; ++c)
-          for (int i = lane; i < pieces; i += 32)
-            sm90::st_shared_v4(k_stage + c * kChunkBytes + valid * kChunkRowBytes + 16 * i, make_uint4(0u, 0u, 0u, 0u));
-        sm90::fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(&s.vready[stage]);
-      }
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      BlockCursor load_cursor(p, part);
+      int issued = 0;
+      issue_loads_until(p, kv_map, s, load_cursor, issued, 0x7fffffff);
     }
   }
 
@@ -382,16 +367,24 @@ struct DecodeKernel {
     }
   }
 
-  // Waits until the values of block j may be read by wgmma.
-  static __device__ void wait_values_ready(const Smem& s, int j, int valid, uint32_t& tail_parity) {
+  // Waits until the values of block j may be read by wgmma. BF16: the block's K stage has
+  // landed; the rows past seq_len of this warpgroup's value half are then zeroed (see top).
+  static __device__ void wait_values_ready(const Smem& s, int j, int valid, int half) {
     if constexpr (Traits::kFp8) {
       sm90::mbarrier_wait(&s.vready[j % kVtStages], (j / kVtStages) & 1);
     } else {
       const int stage = j % kKStages;
       sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
       if (valid < kBlockTokens) {
-        sm90::mbarrier_wait(&s.vready[stage], (tail_parity >> stage) & 1);
-        tail_parity ^= 1u << stage;
+        // Score wgmmas may still read these rows of the stage (S(j) of the other half's
+        // columns); they are masked, so either value is harmless there.
+        const uint32_t values = sm90::smem_u32(s.k + stage * kTileBytes) + half * kValueChunks / 2 * kChunkBytes;
+        const int pieces = (kBlockTokens - valid) * kPiecesPerChunkRow;
+        for (int i = threadIdx.x % kWarpgroupThreads; i < kValueChunks / 2 * pieces; i += kWarpgroupThreads)
+          sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kChunkRowBytes + (i % pieces) * 16,
+                             make_uint4(0u, 0u, 0u, 0u));
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_sync(half == 0 ? kBarScoresWg : kBarValuesWg, kWarpgroupThreads);
       }
     }
   }
@@ -493,7 +486,7 @@ struct DecodeKernel {
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 2));
       const float new_max = fmaxf(row_max[i], block_max[i] * score_scale_log2);
       // A row that has seen no key yet keeps max -inf: nothing to rescale, exponents of -inf.
-      row_rescale[i] = new_max == -INFINITY ? 1.f : exp2f(row_max[i] - new_max);
+      row_rescale[i] = new_max == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max);
       exponent_base[i] = new_max == -INFINITY ? 0.f : new_max - kBias;
       row_max[i] = new_max;
       row_sum[i] *= row_rescale[i];
@@ -503,7 +496,7 @@ struct DecodeKernel {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2;
-        scores[4 * n + e] = exp2f(fmaf(scores[4 * n + e], score_scale_log2, -exponent_base[i]));
+        scores[4 * n + e] = sm90::fast_exp2(fmaf(scores[4 * n + e], score_scale_log2, -exponent_base[i]));
         row_sum[i] += scores[4 * n + e];
       }
   }
@@ -515,7 +508,6 @@ struct DecodeKernel {
     float acc[128];
     float scores[32];
     uint32_t probs[kPRegs];
-    uint32_t tail_parity = 0;
     bool first_message = true;
     int j = 0;  // block counter over the CTA's whole sequence
 
@@ -535,7 +527,7 @@ struct DecodeKernel {
     };
     // P·V of the block with counter `previous` into the left half, then its buffer is released.
     auto finish_values = [&](int previous, int previous_valid) {
-      wait_values_ready(s, previous, previous_valid, tail_parity);
+      wait_values_ready(s, previous, previous_valid, 0);
       sm90::wgmma_fence();
       issue_values(s, previous, 0, probs, acc);
       sm90::wgmma_commit();
@@ -586,7 +578,7 @@ struct DecodeKernel {
         // Steady state: scores of this block overlap the P·V of the previous one.
         for (int block = piece.block_begin + 1; block < piece.block_end; ++block, ++j) {
           issue_block_scores(j);
-          wait_values_ready(s, j - 1, previous_valid, tail_parity);
+          wait_values_ready(s, j - 1, previous_valid, 0);
           issue_values(s, j - 1, 0, probs, acc);
           sm90::wgmma_commit();
           sm90::wgmma_wait<1>();
@@ -645,7 +637,6 @@ struct DecodeKernel {
     const RowInfo rows = row_info(p, row_tile, warp, lane);
     float acc[128];
     uint32_t probs[kPRegs];
-    uint32_t tail_parity = 0;
     int j = 0;
 
     auto receive = [&](float (&row_value)[2], bool with_probs) {
@@ -672,7 +663,7 @@ struct DecodeKernel {
         float row_rescale[2];
         receive(row_rescale, true);
         rescale(acc, row_rescale[0], row_rescale[1]);
-        wait_values_ready(s, j, valid_tokens_in_block(seq_len, block), tail_parity);
+        wait_values_ready(s, j, valid_tokens_in_block(seq_len, block), 1);
         sm90::wgmma_fence();
         issue_values(s, j, 1, probs, acc);
         sm90::wgmma_commit();
