@@ -35,7 +35,9 @@ summary+=("gpu: $(head -1 "$logs/gpu.txt")  commit: $(git -C "$root" rev-parse -
 
 status=0
 if [ "$run_tests" = 1 ]; then
-  "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" > "$logs/gpu_tests.log" 2>&1
+  # Line-buffered, with a time limit: a hung kernel must still leave its log behind.
+  timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" \
+    > "$logs/gpu_tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   summary+=("gpu tests (rc=$rc): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$logs/gpu_tests.log" | tr '\n' ' ')")
@@ -46,7 +48,7 @@ if [ "$run_tests" = 1 ]; then
     [ -n "$worst" ] && summary+=("  decode $dtype: worst rel L2 error $worst over $(grep -c "^\[ decode \] $dtype" "$logs/gpu_tests.log") cases")
   done
   if [ -x "$root/tests/python/run_gpu.sh" ]; then
-    "$root/tests/python/run_gpu.sh" > "$logs/python_gpu_tests.log" 2>&1
+    timeout 300 "$root/tests/python/run_gpu.sh" > "$logs/python_gpu_tests.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
     summary+=("python gpu tests (rc=$rc): $(tail -1 "$logs/python_gpu_tests.log")")
@@ -55,7 +57,7 @@ fi
 
 if [ "$sanitize" = 1 ]; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
       --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*' > "$logs/sanitize_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
@@ -65,7 +67,7 @@ fi
 
 if [ "$run_bench" = 1 ]; then
   # shellcheck disable=SC2086
-  "$build/speedmla-bench" $bench_args > "$logs/bench.log" 2>&1
+  timeout 400 stdbuf -oL "$build/speedmla-bench" $bench_args > "$logs/bench.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   summary+=("benchmark (rc=$rc): $logs/bench.log")

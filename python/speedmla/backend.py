@@ -69,7 +69,9 @@ def _device_of(device: Any) -> tuple[bool, int]:
         return False, 0
     if index:
         return True, int(index)
-    current = getattr(device, "index", None)
+    # A torch.device("cuda") carries its index (maybe None); a plain "cuda" string means device 0
+    # (str has an unrelated .index method).
+    current = None if isinstance(device, str) else getattr(device, "index", None)
     return True, current if current is not None else 0
 
 

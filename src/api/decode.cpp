@@ -144,8 +144,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   check.aligned(kv_cache, "kv_cache", 16);
   check.aligned(out, "out", 16);
   const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
-  check.require(shape.batch <= (int64_t{1} << 24), "q.shape[0] (batch) must be <= 2^24 on the GPU, got ",
-                shape.batch);
+  check.require(shape.batch <= 65535, "q.shape[0] (batch) must be <= 65535 on the GPU, got ", shape.batch);
   check.require(shape.max_pages * shape.page_size < (int64_t{1} << 31),
                 "block_table.shape[1] * page_size must be < 2^31 tokens, got ", shape.max_pages * shape.page_size);
   check.require(shape.num_pages < (int64_t{1} << 31), "kv_cache.shape[0] (num_pages) must be < 2^31, got ",

@@ -25,7 +25,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Success when every BF16 element of `actual` is within one ulp of `expected` (+0 = -0, NaN
-// matches NaN); otherwise the count and the first few mismatches, by flat storage index.
+// matches NaN) or within 2^-20 of it: the kernel sums w_a*a + w_b*b in FP32, the reference in
+// FP64, and where the two O(1) terms nearly cancel, FP32 rounding (~6e-8) is several ulps of
+// the tiny result (seen on the H200: -4.14e-6 against -4.08e-6). Otherwise the count and the
+// first few mismatches, by flat storage index.
 testing::AssertionResult within_one_bf16_ulp(const HostTensor& actual, const HostTensor& expected) {
   auto ordered = [](uint16_t bits) {  // monotonic in the value; +0 and -0 both 0
     return (bits & 0x8000) ? -static_cast<int>(bits & 0x7FFF) : static_cast<int>(bits);
@@ -37,7 +40,8 @@ testing::AssertionResult within_one_bf16_ulp(const HostTensor& actual, const Hos
     const bool ok = std::isnan(va) || std::isnan(ve)
                         ? std::isnan(va) && std::isnan(ve)
                         : std::abs(ordered(actual.data<uint16_t>()[i]) -
-                                   ordered(expected.data<uint16_t>()[i])) <= 1;
+                                   ordered(expected.data<uint16_t>()[i])) <= 1 ||
+                              std::abs(va - ve) <= 0x1p-20;
     if (ok || ++mismatches > 5) continue;
     first << "\n  [" << i << "] got " << va << ", expected " << ve;
   }

@@ -6,68 +6,76 @@
 namespace speedmla::kernels::decode_sm90 {
 namespace {
 
-constexpr int kCombineThreads = 128;
-constexpr int kRowsPerCta = 16;
-constexpr int kDimsPerLane = kLatentDim / 32;  // 16: four float4 per lane
+// One CTA per (request, query row): thread t owns output columns 4t..4t+3. A request is cut
+// into at most num_parts pieces, and long contexts on small batches hit that bound (B = 4:
+// ~33 pieces a request), so the loop over pieces keeps several independent loads in flight.
+constexpr int kCombineThreads = kLatentDim / 4;  // 128
 
-// One warp per query row: lanes own 16 consecutive output columns each.
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
-  const int request = blockIdx.x;
+  const int row = blockIdx.x, request = blockIdx.y;
   const RequestPlan plan = p.plans[request];
   if (plan.split_slot < 0) return;  // the main kernel wrote this request directly
   const int num_splits = request_num_splits(plan, p.plan_header->units_per_part);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  __shared__ float weight[kMaxParts];  // a request has at most num_parts <= kMaxParts pieces
+  __shared__ float warp_value[kCombineThreads / 32];
 
-  for (int row = blockIdx.y * kRowsPerCta + warp; row < min(p.num_rows, (blockIdx.y + 1) * kRowsPerCta);
-       row += kCombineThreads / 32) {
-    float max_lse = -INFINITY;  // NaN-propagating maximum: a NaN partial must poison the row
-    for (int s = 0; s < num_splits; ++s) {
-      const float lse = p.partial_lse[static_cast<int64_t>(plan.split_slot + s) * p.num_rows + row];
-      max_lse = (lse > max_lse || lse != lse) ? lse : max_lse;
-    }
-    float acc[kDimsPerLane] = {};
-    float weight_sum = 0.f;
-    if (max_lse != -INFINITY) {
-      for (int s = 0; s < num_splits; ++s) {
-        const int64_t slot_row = static_cast<int64_t>(plan.split_slot + s) * p.num_rows + row;
-        const float weight = expf(p.partial_lse[slot_row] - max_lse);
-        weight_sum += weight;
-        const float4* src = reinterpret_cast<const float4*>(p.partial_out + slot_row * kLatentDim) + lane * 4;
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const float4 x = src[v];
-          acc[4 * v + 0] += weight * x.x;
-          acc[4 * v + 1] += weight * x.y;
-          acc[4 * v + 2] += weight * x.z;
-          acc[4 * v + 3] += weight * x.w;
-        }
-      }
-    }
-    // An all-empty row (every part saw no key) is 0 with lse -inf; a NaN partial stays NaN.
-    const float norm = weight_sum > 0.f ? p.output_scale / weight_sum : (max_lse != max_lse ? NAN : 0.f);
-    const int token = row / p.num_heads, head = row % p.num_heads;
-    uint16_t* dst = p.out + request * p.out_stride_batch + token * p.out_stride_token +
-                    head * p.out_stride_head + lane * kDimsPerLane;
-    uint4 packed[2];
-    uint32_t* words = reinterpret_cast<uint32_t*>(packed);
-#pragma unroll
-    for (int i = 0; i < kDimsPerLane / 2; ++i) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(acc[2 * i] * norm, acc[2 * i + 1] * norm);
-      words[i] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-    reinterpret_cast<uint4*>(dst)[0] = packed[0];
-    reinterpret_cast<uint4*>(dst)[1] = packed[1];
-    if (p.lse != nullptr && lane == 0) {
-      const float lse = weight_sum > 0.f ? max_lse + logf(weight_sum) : max_lse;
-      p.lse[request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse;
-    }
+  // NaN-propagating maximum of the pieces' LSE: a NaN piece must poison the row.
+  auto nan_max = [](float a, float b) { return (b > a || b != b) ? b : a; };
+  const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
+  float max_lse = -INFINITY;
+  for (int s = t; s < num_splits; s += kCombineThreads) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
+  for (int d = 16; d > 0; d /= 2) max_lse = nan_max(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, d));
+  if (lane == 0) warp_value[warp] = max_lse;
+  __syncthreads();
+  max_lse = nan_max(nan_max(warp_value[0], warp_value[1]), nan_max(warp_value[2], warp_value[3]));
+  __syncthreads();
+
+  // All pieces empty (-inf): the row saw no key, out 0 and lse -inf.
+  const bool empty = max_lse == -INFINITY;
+  float sum = 0.f;
+  for (int s = t; s < num_splits; s += kCombineThreads) {
+    const float w = empty ? 0.f : expf(lse[static_cast<int64_t>(s) * p.num_rows] - max_lse);
+    weight[s] = w;
+    sum += w;
   }
+  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  if (lane == 0) warp_value[warp] = sum;
+  __syncthreads();
+  sum = warp_value[0] + warp_value[1] + warp_value[2] + warp_value[3];
+
+  const float4* src = reinterpret_cast<const float4*>(
+      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim) + t;
+  const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = weight[s];
+    if (w == 0.f) continue;  // an empty piece (its output is 0, maybe never written as NaN-free)
+    const float4 x = src[s * split_stride];
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
+  }
+  const float norm = sum > 0.f ? p.output_scale / sum : (max_lse != max_lse ? NAN : 0.f);
+  const int token = row / p.num_heads, head = row % p.num_heads;
+  uint16_t* dst = p.out + request * p.out_stride_batch + token * p.out_stride_token + head * p.out_stride_head + 4 * t;
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * norm, acc.y * norm);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * norm, acc.w * norm);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+  if (p.lse != nullptr && t == 0)
+    p.lse[request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] =
+        sum > 0.f ? max_lse + logf(sum) : max_lse;
 }
 
 }  // namespace
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
-  const dim3 grid(params.batch, (params.num_rows + kRowsPerCta - 1) / kRowsPerCta);
+  const dim3 grid(params.num_rows, params.batch);
   decode_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(params);
 }
 

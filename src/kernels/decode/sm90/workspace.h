@@ -32,6 +32,7 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_
   const int64_t rows = num_heads * q_len;
   w.num_row_tiles = static_cast<int>((rows + kTileRows - 1) / kTileRows);
   w.num_parts = num_sms / w.num_row_tiles > 1 ? num_sms / w.num_row_tiles : 1;
+  if (w.num_parts > kMaxParts) w.num_parts = kMaxParts;
   w.num_slots = 2 * (w.num_parts - 1);
   size_t offset = 0;
   w.header_offset = offset;
