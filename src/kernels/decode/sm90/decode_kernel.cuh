@@ -18,9 +18,9 @@
 // included) and 0 * NaN would leak into P·V: FP8 zeroes them in V^T, BF16 consumers zero their
 // half of those value rows before their P·V.
 //
-// Synchronisation: mbarriers for producer -> consumer data (full, vready) and consumer ->
-// producer buffer release (kfree, vfree); two named barriers for the P hand-over between the
-// consumer warpgroups.
+// Synchronisation: mbarriers throughout — producer -> consumer data (full, vready), consumer ->
+// producer buffer release (kfree, vfree), and the P hand-over from warp w of the scores
+// warpgroup to warp w of the values warpgroup (they own the same 16 rows): pfull[w], pfree[w].
 #pragma once
 
 #include <cuda.h>
@@ -95,11 +95,11 @@ struct DecodeKernel {
   static constexpr int kPBytes = kTileRows * kBlockTokens * kE;
   static constexpr int kRowScaleOffset = kPOffset + kPBytes;
   static constexpr int kBarrierOffset = kRowScaleOffset + kTileRows * 4;
-  static constexpr int kNumBarriers = 2 * kKStages + 2 * kVBarriers;
+  static constexpr int kNumBarriers = 2 * kKStages + 2 * kVBarriers + 2 * 4;
   static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment slack
 
-  // Named barriers between the consumer warpgroups (0 is __syncthreads).
-  static constexpr uint32_t kBarPFull = 1, kBarPFree = 2, kBarScoresWg = 3, kBarValuesWg = 4;
+  // Named barriers inside one consumer warpgroup (0 is __syncthreads).
+  static constexpr uint32_t kBarScoresWg = 1, kBarValuesWg = 2;
 
   // Register budgets after setmaxnreg. They must add up to what the CTA was given at launch
   // (168 per thread, 128 * 504 in all): increases are served only from what other warps of
@@ -121,6 +121,8 @@ struct DecodeKernel {
     uint64_t* kfree;   // [kKStages]   K stage may be overwritten
     uint64_t* vready;  // [kVBarriers] FP8: V^T written
     uint64_t* vfree;   // [kVBarriers] FP8: V^T stage may be overwritten
+    uint64_t* pfull;   // [4] per warp pair: a message (P or the final normalisers) is written
+    uint64_t* pfree;   // [4] per warp pair: the message was read
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -135,6 +137,8 @@ struct DecodeKernel {
     s.kfree = s.full + kKStages;
     s.vready = s.kfree + kKStages;
     s.vfree = s.vready + kVBarriers;
+    s.pfull = s.vfree + kVBarriers;
+    s.pfree = s.pfull + 4;
     return s;
   }
 
@@ -148,6 +152,10 @@ struct DecodeKernel {
     for (int i = 0; i < kVBarriers; ++i) {
       sm90::mbarrier_init(&s.vready[i], 4);
       sm90::mbarrier_init(&s.vfree[i], 4);  // the scores warpgroup's P·V of the left half
+    }
+    for (int w = 0; w < 4; ++w) {
+      sm90::mbarrier_init(&s.pfull[w], 1);
+      sm90::mbarrier_init(&s.pfree[w], 1);
     }
     sm90::fence_barrier_init();
   }
@@ -519,13 +527,12 @@ struct DecodeKernel {
     float acc[128];
     float scores[32];
     uint32_t probs[kPRegs];
-    bool first_message = true;
-    int j = 0;  // block counter over the CTA's whole sequence
+    int j = 0;        // block counter over the CTA's whole sequence
+    int message = 0;  // messages sent to the partner warp of the values warpgroup
 
-    // Hands P (or, after the last block, the final row normalisers) to the values warpgroup.
+    // Hands P (or, after the last block, the final row normalisers) to the partner warp.
     auto send = [&](const float (&row_value)[2], bool with_probs) {
-      if (!first_message) sm90::named_barrier_sync(kBarPFree, 2 * kWarpgroupThreads);
-      first_message = false;
+      sm90::mbarrier_wait(&s.pfree[warp], (message & 1) ^ 1);  // the previous message was read
       if (with_probs)
 #pragma unroll
         for (int g = 0; g < kPRegs / 4; ++g)
@@ -534,7 +541,9 @@ struct DecodeKernel {
         s.row_scale[rows.local[0]] = row_value[0];
         s.row_scale[rows.local[1]] = row_value[1];
       }
-      sm90::named_barrier_arrive(kBarPFull, 2 * kWarpgroupThreads);
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&s.pfull[warp]);
+      ++message;
     };
     // P·V of the block with counter `previous` into the left half, then its buffer is released.
     auto finish_values = [&](int previous, int previous_valid) {
@@ -642,8 +651,6 @@ struct DecodeKernel {
         }
       }
     }
-    // Consume the values warpgroup's last "free" arrival so no barrier is left half-passed.
-    if (!first_message) sm90::named_barrier_sync(kBarPFree, 2 * kWarpgroupThreads);
   }
 
   static __device__ void values_warpgroup(const DecodeParams& p, const Smem& s, int row_tile, int part) {
@@ -653,8 +660,9 @@ struct DecodeKernel {
     uint32_t probs[kPRegs];
     int j = 0;
 
+    int message = 0;
     auto receive = [&](float (&row_value)[2], bool with_probs) {
-      sm90::named_barrier_sync(kBarPFull, 2 * kWarpgroupThreads);
+      sm90::mbarrier_wait(&s.pfull[warp], message & 1);
       if (with_probs)
 #pragma unroll
         for (int g = 0; g < kPRegs / 4; ++g) {
@@ -666,7 +674,9 @@ struct DecodeKernel {
         }
       row_value[0] = s.row_scale[rows.local[0]];
       row_value[1] = s.row_scale[rows.local[1]];
-      sm90::named_barrier_arrive(kBarPFree, 2 * kWarpgroupThreads);
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&s.pfree[warp]);
+      ++message;
     };
 
     for (PartWalker walker(p, part); walker.valid(); walker.next()) {
