@@ -153,9 +153,11 @@ struct DecodeKernel {
       sm90::mbarrier_init(&s.vready[i], 4);
       sm90::mbarrier_init(&s.vfree[i], 4);  // the scores warpgroup's P·V of the left half
     }
+    // Every lane of the sending (reading) warp arrives: each orders its own shared-memory
+    // accesses before the partner's, with no reliance on warp-synchronous cumulativity.
     for (int w = 0; w < 4; ++w) {
-      sm90::mbarrier_init(&s.pfull[w], 1);
-      sm90::mbarrier_init(&s.pfree[w], 1);
+      sm90::mbarrier_init(&s.pfull[w], 32);
+      sm90::mbarrier_init(&s.pfree[w], 32);
     }
     sm90::fence_barrier_init();
   }
@@ -541,8 +543,7 @@ struct DecodeKernel {
         s.row_scale[rows.local[0]] = row_value[0];
         s.row_scale[rows.local[1]] = row_value[1];
       }
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&s.pfull[warp]);
+      sm90::mbarrier_arrive(&s.pfull[warp]);
       ++message;
     };
     // P·V of the block with counter `previous` into the left half, then its buffer is released.
@@ -674,8 +675,7 @@ struct DecodeKernel {
         }
       row_value[0] = s.row_scale[rows.local[0]];
       row_value[1] = s.row_scale[rows.local[1]];
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&s.pfree[warp]);
+      sm90::mbarrier_arrive(&s.pfree[warp]);
       ++message;
     };
 
