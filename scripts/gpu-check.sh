@@ -31,7 +31,8 @@ done
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader \
   > "$logs/gpu.txt" 2>&1 || true
-summary+=("gpu: $(head -1 "$logs/gpu.txt")  commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)")
+commit=$(git -C "$root" describe --always --dirty 2>/dev/null || cat "$build/commit.txt" 2>/dev/null || echo unknown)
+summary+=("gpu: $(head -1 "$logs/gpu.txt")  build of: $commit")
 
 status=0
 if [ "$run_tests" = 1 ]; then
