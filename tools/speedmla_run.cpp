@@ -36,12 +36,12 @@ struct Options {
   uint64_t seed = 2026;
 };
 
-[[noreturn]] void usage(const char* argv0) {
-  std::fprintf(stderr,
+[[noreturn]] void usage(const char* argv0, int status = 2) {
+  std::fprintf(status == 0 ? stdout : stderr,
                "usage: %s [--heads H] [--batch B] [--q-len Q] [--max-len S] [--page P] [--dtype fp8|bf16]\n"
                "          [--prefill-batch N] [--prefill-len L] [--cpu] [--seed N]\n",
                argv0);
-  std::exit(2);
+  std::exit(status);
 }
 
 void cuda_check(cudaError_t status, const char* what) {
@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--prefill-len")) o.prefill_len = std::atoll(next());
     else if (!std::strcmp(argv[i], "--seed")) o.seed = std::strtoull(next(), nullptr, 10);
     else if (!std::strcmp(argv[i], "--cpu")) o.cpu = true;
+    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) usage(argv[0], 0);
     else if (!std::strcmp(argv[i], "--dtype")) {
       const std::string d = next();
       if (d != "fp8" && d != "bf16") usage(argv[0]);
