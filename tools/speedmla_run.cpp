@@ -78,20 +78,7 @@ class Buffer {
   size_t bytes() const { return host_.size(); }
 
  private:
-  TensorView make(void* data, Device device) const {
-    TensorView v;
-    v.data = data;
-    v.dtype = dtype_;
-    v.device = device;
-    v.ndim = static_cast<int>(shape_.size());
-    int64_t stride = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      v.shape[d] = shape_[d];
-      v.strides[d] = stride;
-      stride *= shape_[d];
-    }
-    return v;
-  }
+  TensorView make(void* data, Device device) const { return make_view(data, dtype_, device, shape_); }
   DType dtype_;
   std::vector<int64_t> shape_;
   Device device_;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include <dlpack/dlpack.h>
@@ -62,8 +63,12 @@ struct TensorView {
   T* ptr() const { return static_cast<T*>(data); }
 };
 
-// A contiguous row-major view of `data` with the given shape.
-TensorView make_view(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape);
+// A contiguous row-major view of `data` with the given shape (at most kMaxDims dimensions;
+// throws Error otherwise).
+TensorView make_view(void* data, DType dtype, Device device, std::span<const int64_t> shape);
+inline TensorView make_view(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape) {
+  return make_view(data, dtype, device, std::span<const int64_t>(shape.begin(), shape.size()));
+}
 
 // A view of a DLPack tensor (any DLPack version-1 DLTensor: PyTorch, JAX, CuPy, TVM FFI).
 // byte_offset is folded into data; NULL strides mean contiguous. Accepted devices: kDLCPU,

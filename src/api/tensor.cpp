@@ -58,7 +58,7 @@ std::string TensorView::shape_string() const {
   return os.str();
 }
 
-TensorView make_view(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape) {
+TensorView make_view(void* data, DType dtype, Device device, std::span<const int64_t> shape) {
   if (shape.size() > static_cast<size_t>(kMaxDims))
     detail::fail("make_view: at most ", kMaxDims, " dimensions are supported, got ", shape.size());
   TensorView t;

@@ -24,21 +24,6 @@ void cuda_check(cudaError_t status, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-TensorView contiguous_view(void* data, DType dtype, Device device, const std::vector<int64_t>& shape) {
-  TensorView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.device = device;
-  v.ndim = static_cast<int>(shape.size());
-  int64_t stride = 1;
-  for (int d = v.ndim - 1; d >= 0; --d) {
-    v.shape[d] = shape[d];
-    v.strides[d] = stride;
-    stride *= shape[d];
-  }
-  return v;
-}
-
 }  // namespace
 
 HostTensor::HostTensor(DType dtype, std::initializer_list<int64_t> shape)
@@ -48,7 +33,7 @@ HostTensor::HostTensor(DType dtype, const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   bytes_.assign(static_cast<size_t>(n) * dtype_size(dtype), 0);
-  view_ = contiguous_view(bytes_.data(), dtype, Device{}, shape);
+  view_ = make_view(bytes_.data(), dtype, Device{}, shape);
 }
 
 DeviceTensor::DeviceTensor(const HostTensor& host)
@@ -65,7 +50,7 @@ DeviceTensor::DeviceTensor(DType dtype, const std::vector<int64_t>& shape) {
   if (nbytes_) cuda_check(cudaMalloc(&ptr_, nbytes_), "cudaMalloc");
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  view_ = contiguous_view(ptr_, dtype, Device{DeviceKind::kCUDA, device}, shape);
+  view_ = make_view(ptr_, dtype, Device{DeviceKind::kCUDA, device}, shape);
 }
 
 DeviceTensor::~DeviceTensor() {
