@@ -22,11 +22,13 @@ inline constexpr int kMaxDecodeHeads = 128;
 // non-powers of two) are refused by mla_decode with an Error; the CPU reference takes any size.
 bool decode_page_size_supported(int64_t page_size);
 
+inline constexpr int kMaxDecodeQLen = 1024;  // query tokens per request (decode + draft)
+
 // Bytes of workspace mla_decode needs on a GPU with `num_sms` multiprocessors for a batch of
 // `batch` requests, `num_heads` heads and `q_len` query tokens per request. It is an upper bound
 // that does not depend on sequence lengths, so a caller can allocate once for the largest batch
 // and reuse the buffer (also inside CUDA-graph capture). The buffer needs no initialisation.
-// Throws Error if an argument is not positive.
+// Throws Error unless batch >= 1, 1 <= num_heads <= 128, 1 <= q_len <= 1024, num_sms >= 1.
 size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms);
 
 // Number of multiprocessors of CUDA device `device` (cached after the first query; no sync).
@@ -35,7 +37,8 @@ int device_sm_count(int device);
 // Decode / speculative verify.
 //
 //   q            [B, q_len, H, 576]  FP8 e4m3 or BF16; last dim contiguous, any other strides
-//                                    (multiples of 16 bytes). 1 <= H <= 128, q_len >= 1.
+//                                    (multiples of 16 bytes). 1 <= H <= 128, 1 <= q_len <= 1024;
+//                                    GPU: B <= 65535.
 //   kv_cache     [num_pages, page_size, 576]  same dtype as q. Rows contiguous inside a page;
 //                                    page stride >= page_size*576 elements, 16-byte aligned.
 //                                    Page 0 is the conventional null page for padding.
@@ -43,11 +46,15 @@ int device_sm_count(int device);
 //                                    request's length are never read (padding may be anything).
 //   seq_lens     [B] int32: KV length of each request INCLUDING its q_len new tokens (already
 //                                    written to the cache). Read on the device only.
-//   out          [B, q_len, H, 512] BF16 (written), last dim contiguous.
+//   out          [B, q_len, H, 512] BF16 (written), last dim contiguous (GPU: 16-byte aligned
+//                                    rows).
 //   lse          optional [B, q_len, H] FP32 (written): natural-log log-sum-exp of the scaled
 //                                    scores, -inf for a row that sees no key.
-//   workspace    GPU: uint8 buffer of >= mla_decode_workspace_size(B, H, q_len, SMs) bytes on
-//                                    the same device, 256-byte aligned. CPU: may be std::nullopt.
+//                                    out and lse must not address an element twice nor share a
+//                                    byte with any other argument.
+//   workspace    GPU: contiguous buffer of >= mla_decode_workspace_size(B, H, q_len, SMs) bytes
+//                                    on the same device, 256-byte aligned, disjoint from every
+//                                    other argument. CPU: not used (std::nullopt is fine).
 //   softmax_scale  multiplies q·k (fold every q/k dequantisation scale into it).
 //   output_scale   multiplies the output (where a V dequantisation scale goes).
 //   stream       CUDA stream for device tensors.

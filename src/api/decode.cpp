@@ -17,7 +17,7 @@ namespace speedmla {
 namespace {
 
 namespace dk = kernels::decode_sm90;
-constexpr int kMaxQLen = 1024;  // q_len * H rows per request must stay far inside int range
+constexpr int kMaxQLen = kMaxDecodeQLen;  // q_len * H rows per request stay far inside int range
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -86,11 +86,15 @@ DecodeShape validate(const detail::ArgChecker& check, const TensorView& q, const
                                                                         : "out",
                       q.device);
   if (lse) check.same_device(*lse, "lse", q.device);
-  for (const auto& [input, name] : {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"}}) {
-    check.require(!detail::overlaps(out, *input), "out must not overlap ", name);
-    if (lse) check.require(!detail::overlaps(*lse, *input), "lse must not overlap ", name);
+  // Written tensors: no element twice, and no byte shared with anything else of the call.
+  check.non_overlapping(out, "out");
+  if (lse) check.non_overlapping(*lse, "lse");
+  for (const auto& [input, name] : {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"},
+                                    std::pair{&block_table, "block_table"}, std::pair{&seq_lens, "seq_lens"}}) {
+    check.disjoint(out, "out", *input, name);
+    if (lse) check.disjoint(*lse, "lse", *input, name);
   }
-  if (lse) check.require(!detail::overlaps(*lse, out), "lse must not overlap out");
+  if (lse) check.disjoint(*lse, "lse", out, "out");
   check.require(std::isfinite(softmax_scale) && softmax_scale > 0.f,
                 "softmax_scale must be finite and > 0, got ", softmax_scale);
   check.require(std::isfinite(output_scale), "output_scale must be finite, got ", output_scale);
@@ -163,8 +167,11 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
                 " bytes (mla_decode_workspace_size(", shape.batch, ", ", shape.heads, ", ", shape.q_len, ", ",
                 num_sms, ")), got ", ws_bytes);
-  check.require(!detail::overlaps(ws, out) && !detail::overlaps(ws, q) && !detail::overlaps(ws, kv_cache),
-                "workspace must not overlap q, kv_cache or out");
+  for (const auto& [other, name] :
+       {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"}, std::pair{&block_table, "block_table"},
+        std::pair{&seq_lens, "seq_lens"}, std::pair{&out, "out"}})
+    check.disjoint(ws, "workspace", *other, name);
+  if (lse) check.disjoint(ws, "workspace", *lse, "lse");
 
   dk::DecodeParams p{};
   p.batch = static_cast<int>(shape.batch);

@@ -338,6 +338,17 @@ TEST_F(DecodeValidation, LseOverlappingOthers) {
   EXPECT_TRUE(refused([](DecodeArgs& a) { a.lse->data = a.out.data; }, "lse must not overlap out"));
 }
 
+TEST_F(DecodeValidation, WrittenTensorsAddressingAnElementTwice) {
+  EXPECT_TRUE(refused([](DecodeArgs& a) { a.out.strides[2] = 0; }, "out is written, so no two of its elements"));
+  EXPECT_TRUE(refused([](DecodeArgs& a) { a.lse->strides[1] = 0; }, "lse is written, so no two of its elements"));
+}
+
+TEST_F(DecodeValidation, WrittenTensorsOverlappingTheIndexTensors) {
+  // The small index tensor is moved inside the large output, so nothing else overlaps either.
+  EXPECT_TRUE(refused([](DecodeArgs& a) { a.seq_lens.data = a.out.data; }, "out must not overlap seq_lens"));
+  EXPECT_TRUE(refused([](DecodeArgs& a) { a.block_table.data = a.lse->data; }, "lse must not overlap block_table"));
+}
+
 // ---- scales ----
 
 TEST_F(DecodeValidation, SoftmaxScaleNotPositiveOrNotFinite) {
