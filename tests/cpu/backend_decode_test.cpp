@@ -20,15 +20,6 @@
 namespace speedmla::test {
 namespace {
 
-template <typename Body>
-void expect_error(const Body& body, const std::string& needle) {
-  try {
-    body();
-    ADD_FAILURE() << "no error; expected \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 // A deep copy (copying a HostTensor would share the view's pointer).
 HostTensor clone(const HostTensor& t) {

@@ -12,16 +12,6 @@
 namespace speedmla::test {
 namespace {
 
-// Expects `body` to throw an Error whose message contains `needle`.
-template <typename Body>
-void expect_error(const Body& body, const std::string& needle) {
-  try {
-    body();
-    ADD_FAILURE() << "no error; expected \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST(BackendMetadata, DecodeBlockTableByHand) {
   MlaBackend backend(small_config());

@@ -5,8 +5,13 @@
 #include <cstdint>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <string>
+
 #include "common/util.h"
 #include "speedmla/backend.h"
+#include "speedmla/error.h"
 
 namespace speedmla::test {
 
@@ -67,6 +72,17 @@ inline MlaBackendConfig small_config(Device device = {}) {
   config.max_graph_batch = 4;
   config.device = device;
   return config;
+}
+
+// Expects `body` to throw an Error whose message contains `needle`.
+template <typename Body>
+void expect_error(const Body& body, const std::string& needle) {
+  try {
+    body();
+    ADD_FAILURE() << "no error; expected \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace speedmla::test
