@@ -13,6 +13,8 @@ namespace speedmla {
 //   kv_cache  [num_pages, page_size, 576] FP8 e4m3 or BF16 (written at the given slots).
 //   slots     [T] int64. Negative slots are skipped (padding). Slots >= num_pages*page_size
 //             are skipped as well (they cannot be checked on the host for device tensors).
+//             Two rows naming the same slot: the CPU keeps the later one, the GPU either one
+//             (engines never do this; slots of one step are distinct).
 //   latent    [T, 512] and rope [T, 64]: BF16, FP16 or FP32 (may differ); last dim contiguous.
 //   scale_inv multiplies each value before conversion; FP8 conversion rounds to nearest even
 //             and saturates to ±448.
