@@ -3,24 +3,25 @@
 // Grid: (row tiles, parts). A CTA computes kTileRows query rows of a request against a run of
 // KV blocks given by the split-KV plan (plan.cuh), possibly covering several requests.
 //
-//   warpgroup 0 (producer)  TMA loads of whole cache rows (page by page) into a ring of K
-//                           stages. FP8: all four warps also transpose value dims 0..255 of each
-//                           block into a K-major V^T buffer (FP8 wgmma reads both operands
-//                           K-major only), writing zeros for tokens past seq_len.
-//   warpgroup 1 (scores)    S = Q·K^T (wgmma, both from shared memory), online softmax in base
-//                           2, P kept in registers as the A operand of O[:, 0:256] += P·V. P
-//                           and the per-row rescale factors go to warpgroup 2 through shared
-//                           memory.
-//   warpgroup 2 (values)    O[:, 256:512] += P·V for the same blocks. FP8: it transposes value
-//                           dims 256..511 itself while it waits for P (it has the idle time;
-//                           the producer alone could not keep up).
+//   warpgroup 0 (producer)   one thread issues TMA loads of whole cache rows (page by page)
+//                            into a ring of K stages.
+//   warpgroups 1 and 2       the consumers, in a seesaw: consumer c owns output columns
+//                            256c..256c+255 and scores every other block (block b of a piece is
+//                            scored by consumer b % 2: S = Q·K^T, online softmax in base 2). The
+//                            scorer hands P, the new row maxima and its partial row sums to the
+//                            other consumer; both then add P·V of their column half. While one
+//                            consumer runs its softmax the tensor cores run the other's GEMMs,
+//                            and the scoring work is shared evenly. FP8: each consumer first
+//                            transposes its half of the block's values into its own K-major V^T
+//                            buffer (FP8 wgmma reads both operands K-major only); eight warps
+//                            transposing keep up where the producer's four alone did not.
 // Rows past seq_len in a sequence's last block hold whatever the cache holds there (NaN
-// included) and 0 * NaN would leak into P·V: FP8 zeroes them in V^T, BF16 consumers zero their
-// half of those value rows before their P·V.
+// included) and 0 * NaN would leak into P·V: FP8 writes zeros for them into V^T, BF16
+// consumers zero their half of those value rows in the K stage before their P·V.
 //
-// Synchronisation: mbarriers throughout — producer -> consumer data (full, vready), consumer ->
-// producer buffer release (kfree, vfree), and the P hand-over from warp w of the scores
-// warpgroup to warp w of the values warpgroup (they own the same 16 rows): pfull[w], pfree[w].
+// Synchronisation: mbarriers throughout — producer -> consumer data (full), consumer ->
+// producer stage release (kfree), and one message channel per warp pair (warp w of each
+// consumer owns the same 16 rows): see consumer_warpgroup.
 #pragma once
 
 #include <cuda.h>
@@ -45,6 +46,10 @@ struct Fp8Traits {
   // P in [0, 256] instead of [0, 1] before the FP8 conversion: small probabilities stay normal
   // numbers (e4m3 subnormals start at 2^-6). It cancels in out = (P·V) / sum(P).
   static constexpr float kProbabilityLog2Bias = 8.f;
+  // The consumers take turns scoring blocks (the seesaw). V^T has its own buffers, so K
+  // stages are released right after the scores and transposes, and the three stages keep
+  // loads in flight while two blocks are being computed.
+  static constexpr bool kSeesaw = true;
   using ScoreMma = sm90::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
   using ValueMma = sm90::gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
 };
@@ -57,6 +62,11 @@ struct Bf16Traits {
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
   static constexpr int kMmaK = 16;
   static constexpr float kProbabilityLog2Bias = 0.f;
+  // Consumer 0 scores every block. Values are read from the K stage and only two stages fit:
+  // a block's stage is held until both consumers' P·V of it, so computing two blocks at once
+  // (the seesaw) would leave no load in flight — measured 20-35% slower on the H200. In this
+  // sequential pipeline the next block loads while the current one is computed.
+  static constexpr bool kSeesaw = false;
   using ScoreMma = sm90::gmma::MMA_64x64x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read straight from the cache rows: N (value dims) is the contiguous dimension.
   using ValueMma = sm90::gmma::MMA_64x256x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
@@ -84,45 +94,50 @@ struct DecodeKernel {
 
   static constexpr int kKStages = Traits::kKStages;
   static constexpr int kVtStages = Traits::kVtStages;
-  // FP8: value-ready/free barriers per V^T stage. BF16 reads values from the K stage.
-  static constexpr int kVBarriers = kVtStages;
+
+  // Consumer message channel (one per warp pair): each lane's P fragment registers, its two
+  // partial row sums, and the rows' new maxima (one float per row).
+  static constexpr int kProbGroups = kPRegs / 4;  // 16-byte pieces of a lane's P
+  static constexpr int kMessageProbBytes = 4 * kProbGroups * 32 * 16;
+  static constexpr int kMessageSumBytes = kWarpgroupThreads * 8;
+  static constexpr int kMessageMaxBytes = kTileRows * 4;
 
   // Shared memory map, offsets from a 1024-byte aligned base (swizzle atoms need it).
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kTileBytes;
   static constexpr int kVtOffset = kKOffset + kKStages * kTileBytes;
-  static constexpr int kPOffset = kVtOffset + kVtStages * kVtStageBytes;
-  static constexpr int kPBytes = kTileRows * kBlockTokens * kE;
-  static constexpr int kRowScaleOffset = kPOffset + kPBytes;
-  static constexpr int kBarrierOffset = kRowScaleOffset + kTileRows * 4;
-  static constexpr int kNumBarriers = 2 * kKStages + 2 * kVBarriers + 2 * 4;
+  static constexpr int kMessageProbOffset = kVtOffset + kVtStages * kVtStageBytes;
+  static constexpr int kMessageSumOffset = kMessageProbOffset + kMessageProbBytes;
+  static constexpr int kMessageMaxOffset = kMessageSumOffset + kMessageSumBytes;
+  static constexpr int kBarrierOffset = kMessageMaxOffset + kMessageMaxBytes;
+  static constexpr int kNumBarriers = 2 * kKStages + 2 * 4;
   static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "decode kernel shared memory exceeds the SM90 limit");
 
-  // Named barriers inside one consumer warpgroup (0 is __syncthreads).
-  static constexpr uint32_t kBarScoresWg = 1, kBarValuesWg = 2;
+  // Named barriers (0 is __syncthreads): one per consumer warpgroup, one for both consumers.
+  static constexpr uint32_t kBarConsumer0 = 1, kBarConsumers = 3;
+  static constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
 
   // Register budgets after setmaxnreg. They must add up to what the CTA was given at launch
   // (168 per thread, 128 * 504 in all): increases are served only from what other warps of
-  // the CTA released, so asking for more waits forever. Both consumers hold a 64x256 FP32
-  // accumulator (128 registers) and P; the scores warpgroup also the 64x64 scores and the
-  // softmax state.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kScoresRegs = 240;
-  static constexpr int kValuesRegs = 208;
-  static_assert(kProducerRegs + kScoresRegs + kValuesRegs == 3 * 168);
+  // the CTA released, so asking for more waits forever. A consumer holds a 64x256 FP32
+  // accumulator (128 registers), the 64x64 scores (32), two sets of P fragments and the
+  // softmax state; the producer only issues loads.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (3 * 168 - kProducerRegs) / 2;
+  static_assert(kProducerRegs + 2 * kConsumerRegs == 3 * 168 && kConsumerRegs % 8 == 0);
 
   struct Smem {
     uint8_t* q;
     uint8_t* k;
     uint8_t* vt;
-    uint4* p_exchange;
-    float* row_scale;
-    uint64_t* full;    // [kKStages]   TMA bytes landed
-    uint64_t* kfree;   // [kKStages]   K stage may be overwritten
-    uint64_t* vready;  // [kVBarriers] FP8: V^T written
-    uint64_t* vfree;   // [kVBarriers] FP8: V^T stage may be overwritten
-    uint64_t* pfull;   // [4] per warp pair: a message (P or the final normalisers) is written
-    uint64_t* pfree;   // [4] per warp pair: the message was read
+    uint4* message_probs;
+    float2* message_sums;
+    float* message_max;
+    uint64_t* full;     // [kKStages]   TMA bytes landed
+    uint64_t* kfree;    // [kKStages]   K stage may be overwritten
+    uint64_t* channel;       // [4] per warp pair: a message was written
+    uint64_t* channel_free;  // [4] per warp pair: the message was read
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -131,33 +146,28 @@ struct DecodeKernel {
     s.q = base + kQOffset;
     s.k = base + kKOffset;
     s.vt = base + kVtOffset;
-    s.p_exchange = reinterpret_cast<uint4*>(base + kPOffset);
-    s.row_scale = reinterpret_cast<float*>(base + kRowScaleOffset);
+    s.message_probs = reinterpret_cast<uint4*>(base + kMessageProbOffset);
+    s.message_sums = reinterpret_cast<float2*>(base + kMessageSumOffset);
+    s.message_max = reinterpret_cast<float*>(base + kMessageMaxOffset);
     s.full = reinterpret_cast<uint64_t*>(base + kBarrierOffset);
     s.kfree = s.full + kKStages;
-    s.vready = s.kfree + kKStages;
-    s.vfree = s.vready + kVBarriers;
-    s.pfull = s.vfree + kVBarriers;
-    s.pfree = s.pfull + 4;
+    s.channel = s.kfree + kKStages;
+    s.channel_free = s.channel + 4;
     return s;
   }
 
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages; ++i) {
       sm90::mbarrier_init(&s.full[i], 1);
-      // Readers of a K stage, one arrival per warp. FP8: scores (4) + the two transposing
-      // warpgroups (4 + 4). BF16: the two consumers after their P·V (4 + 4).
-      sm90::mbarrier_init(&s.kfree[i], Traits::kFp8 ? 12 : 8);
-    }
-    for (int i = 0; i < kVBarriers; ++i) {
-      sm90::mbarrier_init(&s.vready[i], 4);
-      sm90::mbarrier_init(&s.vfree[i], 4);  // the scores warpgroup's P·V of the left half
+      // Readers of a K stage, one arrival per consumer warp once it is done with the stage:
+      // FP8 after its transpose (and the scorer's S before it), BF16 after its P·V.
+      sm90::mbarrier_init(&s.kfree[i], 8);
     }
     // Every lane of the sending (reading) warp arrives: each orders its own shared-memory
     // accesses before the partner's, with no reliance on warp-synchronous cumulativity.
     for (int w = 0; w < 4; ++w) {
-      sm90::mbarrier_init(&s.pfull[w], 32);
-      sm90::mbarrier_init(&s.pfree[w], 32);
+      sm90::mbarrier_init(&s.channel[w], 32);
+      sm90::mbarrier_init(&s.channel_free[w], 32);
     }
     sm90::fence_barrier_init();
   }
@@ -202,14 +212,14 @@ struct DecodeKernel {
   }
 
   // ---------------------------------------------------------------------------------------
-  // Producer: FP8 V transpose. Lane roles: gpar = lane & 1, q = (lane >> 1) & 3, cc = lane >> 3.
+  // FP8 V transpose (by the consumers). Lane roles: gpar = lane & 1, q = (lane >> 1) & 3, cc = lane >> 3.
   // A thread reads 4 tokens x 16 value dims (16-byte loads) and writes 16 dims x 4 token
   // positions (4-byte stores). Token positions follow the order of the P fragment in registers
   // (see pack_probabilities), so P never has to move between threads:
   // position 4q + 2a + b within a 16-token group holds token 8a + 2q + b.
   // ---------------------------------------------------------------------------------------
-  // Transposes one half of the block's values: half 0 = dims 0..255, half 1 = 256..511, four
-  // warps of a warpgroup sharing the work.
+  // Transposes one half of the block's values: half 0 = dims 0..255, half 1 = 256..511, the
+  // four warps of a consumer sharing the work.
   static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
                                           int lane) {
     const int gpar = lane & 1, q = (lane >> 1) & 3, cc = lane >> 3;
@@ -252,31 +262,8 @@ struct DecodeKernel {
     }
   }
 
-  static __device__ void producer_fp8(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    BlockCursor load_cursor(p, part);
-    int issued = 0;
-    int j = 0;
-    for (BlockCursor cursor(p, part); cursor.valid(); cursor.advance(), ++j) {
-      if (warp == 0 && lane == 0) issue_loads_until(p, kv_map, s, load_cursor, issued, j + kKStages);
-      __syncwarp();
-      const int stage = j % kKStages, vstage = j % kVtStages;
-      sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
-      sm90::mbarrier_wait(&s.vfree[vstage], ((j / kVtStages) & 1) ^ 1);
-      const int valid = valid_tokens_in_block(p.seq_lens[cursor.piece().request], cursor.block());
-      transpose_values(sm90::smem_u32(s.k + stage * kTileBytes), sm90::smem_u32(s.vt + vstage * kVtStageBytes), valid,
-                       0, warp, lane);
-      sm90::fence_proxy_async_smem();
-      __syncwarp();
-      if (lane == 0) {
-        sm90::mbarrier_arrive(&s.vready[vstage]);
-        sm90::mbarrier_arrive(&s.kfree[stage]);
-      }
-    }
-  }
-
-  // BF16: one thread issues all loads; the other producer threads have nothing to do.
-  static __device__ void producer_bf16(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
+  // One thread issues all loads; the other producer threads have nothing to do.
+  static __device__ void producer(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
     if (threadIdx.x % kWarpgroupThreads == 0) {
       BlockCursor load_cursor(p, part);
       int issued = 0;
@@ -309,12 +296,13 @@ struct DecodeKernel {
     return r;
   }
 
-  // Stages the query tile of `request` in the swizzled layout the score wgmma reads.
+  // Stages the query tile of `request` in the swizzled layout the score wgmma reads; called by
+  // all threads of both consumers.
   static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int row_tile) {
-    const int t = threadIdx.x % kWarpgroupThreads;
+    const int t = threadIdx.x - kWarpgroupThreads;
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
     const uint32_t q_smem = sm90::smem_u32(s.q);
-    for (int i = t; i < kTileRows * kQPiecesPerRow; i += kWarpgroupThreads) {
+    for (int i = t; i < kTileRows * kQPiecesPerRow; i += kConsumerThreads) {
       const int r = i / kQPiecesPerRow, piece = i % kQPiecesPerRow;
       const int row = row_tile * kTileRows + r;
       uint4 value = make_uint4(0u, 0u, 0u, 0u);
@@ -384,38 +372,40 @@ struct DecodeKernel {
     }
   }
 
-  // Waits until the values of block j may be read by wgmma. FP8: the producer's transpose of
-  // the left half (the values warpgroup transposes the right half itself). BF16: the block's K
-  // stage has landed; the rows past seq_len of this warpgroup's value half are then zeroed.
-  static __device__ void wait_values_ready(const Smem& s, int j, int valid, int half) {
+  // Makes this consumer's value half of block j readable by its P·V wgmma. FP8: transposes it
+  // into the consumer's own half of V^T stage j % kVtStages (the previous P·V on that buffer
+  // has completed), then releases the K stage: the consumer's scores of the block, if it
+  // scored it, completed before. BF16: values are the K stage's rows; those past seq_len are
+  // zeroed (score wgmmas of the other consumer may still read them: they are masked there, so
+  // either value is harmless).
+  static __device__ void prepare_values(const Smem& s, int j, int valid, int half) {
+    const int stage = j % kKStages;
+    sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
     if constexpr (Traits::kFp8) {
-      if (half == 0) sm90::mbarrier_wait(&s.vready[j % kVtStages], (j / kVtStages) & 1);
-    } else {
-      const int stage = j % kKStages;
-      sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
-      if (valid < kBlockTokens) {
-        // Score wgmmas may still read these rows of the stage (S(j) of the other half's
-        // columns); they are masked, so either value is harmless there.
-        const uint32_t values = sm90::smem_u32(s.k + stage * kTileBytes) + half * kValueChunks / 2 * kChunkBytes;
-        const int pieces = (kBlockTokens - valid) * kPiecesPerChunkRow;
-        for (int i = threadIdx.x % kWarpgroupThreads; i < kValueChunks / 2 * pieces; i += kWarpgroupThreads)
-          sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kChunkRowBytes + (i % pieces) * 16,
-                             make_uint4(0u, 0u, 0u, 0u));
-        sm90::fence_proxy_async_smem();
-        sm90::named_barrier_sync(half == 0 ? kBarScoresWg : kBarValuesWg, kWarpgroupThreads);
-      }
+      const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+      transpose_values(sm90::smem_u32(s.k + stage * kTileBytes), sm90::smem_u32(s.vt + (j % kVtStages) * kVtStageBytes),
+                       valid, half, warp, lane);
+      sm90::fence_proxy_async_smem();
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&s.kfree[stage]);
+      sm90::named_barrier_sync(kBarConsumer0 + half, kWarpgroupThreads);
+    } else if (valid < kBlockTokens) {
+      const uint32_t values = sm90::smem_u32(s.k + stage * kTileBytes) + half * kValueChunks / 2 * kChunkBytes;
+      const int pieces = (kBlockTokens - valid) * kPiecesPerChunkRow;
+      for (int i = threadIdx.x % kWarpgroupThreads; i < kValueChunks / 2 * pieces; i += kWarpgroupThreads)
+        sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kChunkRowBytes + (i % pieces) * 16,
+                           make_uint4(0u, 0u, 0u, 0u));
+      sm90::fence_proxy_async_smem();
+      sm90::named_barrier_sync(kBarConsumer0 + half, kWarpgroupThreads);
     }
   }
 
-  // Releases block j's value buffer after the warpgroup's P·V (one arrival per warp). FP8:
-  // the left half of V^T (the right half belongs to the values warpgroup alone). BF16: values
-  // live in the K stage, so this is the consumer's release of the whole stage.
-  static __device__ void release_values(const Smem& s, int j, int half) {
-    if (threadIdx.x % 32 != 0) return;
-    if constexpr (Traits::kFp8) {
-      if (half == 0) sm90::mbarrier_arrive(&s.vfree[j % kVtStages]);
-    } else {
-      sm90::mbarrier_arrive(&s.kfree[j % kKStages]);
+  // BF16: releases block j's K stage after the consumer's P·V of it (one arrival per warp);
+  // its scores, if it scored the block, completed before. FP8 released the stage after its
+  // transpose, and its V^T half is its own.
+  static __device__ void release_values(const Smem& s, int j) {
+    if constexpr (!Traits::kFp8) {
+      if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&s.kfree[j % kKStages]);
     }
   }
 
@@ -445,10 +435,10 @@ struct DecodeKernel {
     }
   }
 
-  // P hand-over slot of this thread: its fragment registers, 16 bytes at a time.
-  static __device__ uint32_t exchange_slot(const Smem& s, int group) {
+  // Message slot of this thread for its P fragment registers, 16 bytes at a time.
+  static __device__ uint32_t message_prob_slot(const Smem& s, int group) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    return sm90::smem_u32(s.p_exchange + (warp * (kPRegs / 4) + group) * 32 + lane);
+    return sm90::smem_u32(s.message_probs + (warp * kProbGroups + group) * 32 + lane);
   }
 
   // Writes this thread's half of the output rows: final BF16 (x output_scale) or an FP32
@@ -477,10 +467,11 @@ struct DecodeKernel {
     }
   }
 
-  // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit,
-  // updates the running max and sum, and returns the factor that rescales earlier outputs.
-  static __device__ void softmax_block(float (&scores)[32], float (&row_max)[2], float (&row_sum)[2],
-                                       float (&row_rescale)[2], const int (&limit)[2], int block,
+  // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
+  // and turns the scores into probabilities against the new row maxima (returned). block_sum
+  // gets this thread's share of the rows' sums (its 16 columns).
+  static __device__ void softmax_block(float (&scores)[32], const float (&row_max)[2], float (&new_max)[2],
+                                       float (&block_sum)[2], const int (&limit)[2], int block,
                                        float score_scale_log2) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
@@ -505,12 +496,10 @@ struct DecodeKernel {
     for (int i = 0; i < 2; ++i) {
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 1));
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 2));
-      const float new_max = fmaxf(row_max[i], block_max[i] * score_scale_log2);
-      // A row that has seen no key yet keeps max -inf: nothing to rescale, exponents of -inf.
-      row_rescale[i] = new_max == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max);
-      exponent_base[i] = new_max == -INFINITY ? 0.f : new_max - kBias;
-      row_max[i] = new_max;
-      row_sum[i] *= row_rescale[i];
+      new_max[i] = fmaxf(row_max[i], block_max[i] * score_scale_log2);
+      // A row that has seen no key yet keeps max -inf: its exponents are of -inf.
+      exponent_base[i] = new_max[i] == -INFINITY ? 0.f : new_max[i] - kBias;
+      block_sum[i] = 0.f;
     }
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -518,45 +507,83 @@ struct DecodeKernel {
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2;
         scores[4 * n + e] = sm90::fast_exp2(fmaf(scores[4 * n + e], score_scale_log2, -exponent_base[i]));
-        row_sum[i] += scores[4 * n + e];
+        block_sum[i] += scores[4 * n + e];
       }
   }
 
-  static __device__ void scores_warpgroup(const DecodeParams& p, const Smem& s, int row_tile, int part) {
+  // Moves the running softmax state to a block's new row maxima: rescales the output half and
+  // the sums, then adds the block's sums. Both consumers apply every block's update in the same
+  // order, so their states stay identical.
+  static __device__ void advance_softmax(float (&acc)[128], float (&row_max)[2], float (&row_sum)[2],
+                                         const float (&new_max)[2], const float (&block_sum)[2]) {
+    float factor[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      factor[i] = new_max[i] == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max[i]);
+      row_sum[i] = fmaf(row_sum[i], factor[i], block_sum[i]);
+      row_max[i] = new_max[i];
+    }
+    rescale(acc, factor[0], factor[1]);
+  }
+
+  // A consumer warpgroup (`me` = 0 or 1): output columns 256·me .. 256·me+255 of every block,
+  // and the scores and softmax of the blocks it scores: b % 2 == me in the seesaw (FP8),
+  // all blocks for consumer 0 otherwise (BF16). Right after its P·V of a scored block a
+  // consumer issues the scores of its next one, so they run during the other's softmax.
+  //
+  // Messages. Warp w of each consumer owns the same 16 rows, and the lane layouts match, so a
+  // block's scorer hands its P fragments, partial row sums and new row maxima lane by lane to
+  // the same warp and lane of the other consumer: one buffer per warp pair, message k
+  // completes phase k of `channel` when written and of `channel_free` when read. Between
+  // pieces both consumers meet at a barrier.
+  static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int row_tile, int part, int me) {
+    constexpr bool kSeesaw = Traits::kSeesaw;
+    // A consumer waits for its next scores' K stage right after its P·V: in the seesaw that
+    // stage must not wait on the P·V (three K stages, values apart).
+    static_assert(!kSeesaw || Traits::kFp8, "the seesaw needs V^T buffers apart from the K stages");
+    constexpr int kScoreStride = kSeesaw ? 2 : 1;  // from one block a consumer scores to its next
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const RowInfo rows = row_info(p, row_tile, warp, lane);
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     float acc[128];
     float scores[32];
-    uint32_t probs[kPRegs];
-    int j = 0;        // block counter over the CTA's whole sequence
-    int message = 0;  // messages sent to the partner warp of the values warpgroup
+    uint32_t my_probs[kPRegs], their_probs[kPRegs];
+    int j = 0;        // block counter over the CTA's whole sequence (the same in every warpgroup)
+    int message = 0;  // messages on this warp pair's channel
 
-    // Hands P (or, after the last block, the final row normalisers) to the partner warp.
-    auto send = [&](const float (&row_value)[2], bool with_probs) {
-      sm90::mbarrier_wait(&s.pfree[warp], (message & 1) ^ 1);  // the previous message was read
-      if (with_probs)
+    auto send = [&](const float (&new_max)[2], const float (&block_sum)[2]) {
+      if (message > 0) sm90::mbarrier_wait(&s.channel_free[warp], (message - 1) & 1);
 #pragma unroll
-        for (int g = 0; g < kPRegs / 4; ++g)
-          sm90::st_shared_v4(exchange_slot(s, g), make_uint4(probs[4 * g], probs[4 * g + 1], probs[4 * g + 2], probs[4 * g + 3]));
+      for (int g = 0; g < kProbGroups; ++g)
+        sm90::st_shared_v4(message_prob_slot(s, g),
+                           make_uint4(my_probs[4 * g], my_probs[4 * g + 1], my_probs[4 * g + 2], my_probs[4 * g + 3]));
+      s.message_sums[threadIdx.x % kWarpgroupThreads] = make_float2(block_sum[0], block_sum[1]);
       if (lane % 4 == 0) {
-        s.row_scale[rows.local[0]] = row_value[0];
-        s.row_scale[rows.local[1]] = row_value[1];
+        s.message_max[rows.local[0]] = new_max[0];
+        s.message_max[rows.local[1]] = new_max[1];
       }
-      sm90::mbarrier_arrive(&s.pfull[warp]);
+      sm90::mbarrier_arrive(&s.channel[warp]);
       ++message;
     };
-    // P·V of the block with counter `previous` into the left half, then its buffer is released.
-    auto finish_values = [&](int previous, int previous_valid) {
-      wait_values_ready(s, previous, previous_valid, 0);
-      sm90::wgmma_fence();
-      issue_values(s, previous, 0, probs, acc);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(acc);
-      release_values(s, previous, 0);
+    auto receive = [&](float (&new_max)[2], float (&block_sum)[2]) {
+      sm90::mbarrier_wait(&s.channel[warp], message & 1);
+#pragma unroll
+      for (int g = 0; g < kProbGroups; ++g) {
+        const uint4 v = sm90::ld_shared_v4(message_prob_slot(s, g));
+        their_probs[4 * g] = v.x;
+        their_probs[4 * g + 1] = v.y;
+        their_probs[4 * g + 2] = v.z;
+        their_probs[4 * g + 3] = v.w;
+      }
+      const float2 sums = s.message_sums[threadIdx.x % kWarpgroupThreads];
+      block_sum[0] = sums.x;
+      block_sum[1] = sums.y;
+      new_max[0] = s.message_max[rows.local[0]];
+      new_max[1] = s.message_max[rows.local[1]];
+      sm90::mbarrier_arrive(&s.channel_free[warp]);
+      ++message;
     };
-    // Scores of block j: wait for its K stage and issue S = Q·K^T (not committed).
+    // Scores of block j_block: wait for its K stage and issue S = Q·K^T as one group.
     auto issue_block_scores = [&](int j_block) {
       const int stage = j_block % kKStages;
       sm90::mbarrier_wait(&s.full[stage], (j_block / kKStages) & 1);
@@ -564,61 +591,74 @@ struct DecodeKernel {
       issue_scores(s, stage, scores);
       sm90::wgmma_commit();
     };
-    auto release_keys = [&](int j_block) {
-      if constexpr (Traits::kFp8) {
-        if (lane == 0) sm90::mbarrier_arrive(&s.kfree[j_block % kKStages]);  // V^T is separate
-      }
+    // Waits for every wgmma of this warpgroup. The register fences tell the compiler that the
+    // accumulators and both P fragment sets are live up to here: a P·V reads its P registers
+    // asynchronously, and were they shared with the scores (dead to the compiler once packed)
+    // the next S would overwrite them in flight; ptxas would then serialise every wgmma.
+    auto retire_wgmmas = [&] {
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc);
+      sm90::fence_registers(scores);
+      sm90::fence_registers(my_probs);
+      sm90::fence_registers(their_probs);
+    };
+    auto issue_block_values = [&](int j_block, const uint32_t (&probs)[kPRegs]) {
+      sm90::wgmma_fence();
+      issue_values(s, j_block, me, probs, acc);
+      sm90::wgmma_commit();
     };
 
     for (PartWalker walker(p, part); walker.valid(); walker.next()) {
       const PartPiece piece = walker.piece();
       const int seq_len = p.seq_lens[piece.request];
-      // Every warp is past the previous piece's score wgmmas before the query tile is replaced.
-      sm90::named_barrier_sync(kBarScoresWg, kWarpgroupThreads);
+      // Both consumers are past the previous piece's score wgmmas before the query tile is
+      // replaced, and past its messages before new ones are written.
+      sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
       load_query(p, s, piece.request, row_tile);
-      sm90::named_barrier_sync(kBarScoresWg, kWarpgroupThreads);
+      sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 
       // Keys visible to each row: k < seq_len - (q_len - 1) + t.
       const int limit[2] = {seq_len - p.q_len + 1 + rows.token[0], seq_len - p.q_len + 1 + rows.token[1]};
       float row_max[2] = {-INFINITY, -INFINITY};
-      float row_sum[2] = {0.f, 0.f};
-      float row_rescale[2];
+      float row_sum[2] = {0.f, 0.f};  // this thread's columns; summed over the quad at the end
       zero(acc);
+      sm90::fence_registers(acc);  // the zeroing may not sink below the first score wgmmas
 
-      if (piece.block_begin < piece.block_end) {
-        // First block: scores only.
-        issue_block_scores(j);
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(scores);
-        release_keys(j);
-        softmax_block(scores, row_max, row_sum, row_rescale, limit, piece.block_begin, p.score_scale_log2);
-        pack_probabilities(scores, probs);
-        send(row_rescale, true);
-        int previous_valid = valid_tokens_in_block(seq_len, piece.block_begin);
-        ++j;
-        // Steady state: the P·V of the previous block goes first so that its buffer is freed
-        // as early as possible (the next loads wait for it: measured 10-15% faster than letting
-        // the softmax overlap that P·V), then this block's scores.
-        for (int block = piece.block_begin + 1; block < piece.block_end; ++block, ++j) {
-          wait_values_ready(s, j - 1, previous_valid, 0);
-          sm90::wgmma_fence();
-          issue_values(s, j - 1, 0, probs, acc);
-          sm90::wgmma_commit();
-          issue_block_scores(j);
-          sm90::wgmma_wait<1>();
-          sm90::fence_registers(acc);
-          release_values(s, j - 1, 0);
-          sm90::wgmma_wait<0>();
-          sm90::fence_registers(scores);
-          release_keys(j);
-          softmax_block(scores, row_max, row_sum, row_rescale, limit, block, p.score_scale_log2);
-          rescale(acc, row_rescale[0], row_rescale[1]);
-          pack_probabilities(scores, probs);
-          send(row_rescale, true);
-          previous_valid = valid_tokens_in_block(seq_len, block);
+      const int num_blocks = max(piece.block_end - piece.block_begin, 0);
+      // The first block this consumer scores.
+      const int first_scored = kSeesaw ? me : (me == 0 ? 0 : num_blocks);
+      if (first_scored < num_blocks) issue_block_scores(j + first_scored);
+      for (int b = 0; b < num_blocks; ++b) {
+        const int j_block = j + b, block = piece.block_begin + b;
+        const int valid = valid_tokens_in_block(seq_len, block);
+        float new_max[2], block_sum[2];
+        if (kSeesaw ? b % 2 == me : me == 0) {
+          // In flight: S(b) and P·V(b-1). Waiting for fewer groups than all, anywhere in this
+          // loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on these
+          // paths which group is the newest); the tensor cores run them in order anyway.
+          retire_wgmmas();
+          if (b > 0) release_values(s, j_block - 1);
+          softmax_block(scores, row_max, new_max, block_sum, limit, block, p.score_scale_log2);
+          pack_probabilities(scores, my_probs);
+          send(new_max, block_sum);
+          prepare_values(s, j_block, valid, me);
+          advance_softmax(acc, row_max, row_sum, new_max, block_sum);
+          issue_block_values(j_block, my_probs);
+          if (b + kScoreStride < num_blocks) issue_block_scores(j_block + kScoreStride);
+        } else {
+          // While the scorer runs its softmax: this half of the values, then the release of
+          // the previous block (BF16: its K stage, so that the next load starts early).
+          prepare_values(s, j_block, valid, me);
+          retire_wgmmas();  // P·V(b-1); in the seesaw also S(b+1)
+          if (b > 0) release_values(s, j_block - 1);
+          receive(new_max, block_sum);
+          advance_softmax(acc, row_max, row_sum, new_max, block_sum);
+          issue_block_values(j_block, their_probs);
         }
-        finish_values(j - 1, previous_valid);
       }
+      retire_wgmmas();
+      if (num_blocks > 0) release_values(s, j + num_blocks - 1);
+      j += num_blocks;
 
       // Normalisers and LSE (natural log). Invalid seq_len: NaN rows.
       float inv[2], lse[2];
@@ -637,9 +677,8 @@ struct DecodeKernel {
           lse[i] = -INFINITY;
         }
       }
-      send(inv, false);
-      store_output(p, piece, rows, acc, inv, 0);
-      if (lane % 4 == 0) {
+      store_output(p, piece, rows, acc, inv, me);
+      if (me == 0 && lane % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           if (!rows.valid[i]) continue;
@@ -651,66 +690,6 @@ struct DecodeKernel {
           }
         }
       }
-    }
-  }
-
-  static __device__ void values_warpgroup(const DecodeParams& p, const Smem& s, int row_tile, int part) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const RowInfo rows = row_info(p, row_tile, warp, lane);
-    float acc[128];
-    uint32_t probs[kPRegs];
-    int j = 0;
-
-    int message = 0;
-    auto receive = [&](float (&row_value)[2], bool with_probs) {
-      sm90::mbarrier_wait(&s.pfull[warp], message & 1);
-      if (with_probs)
-#pragma unroll
-        for (int g = 0; g < kPRegs / 4; ++g) {
-          const uint4 v = sm90::ld_shared_v4(exchange_slot(s, g));
-          probs[4 * g] = v.x;
-          probs[4 * g + 1] = v.y;
-          probs[4 * g + 2] = v.z;
-          probs[4 * g + 3] = v.w;
-        }
-      row_value[0] = s.row_scale[rows.local[0]];
-      row_value[1] = s.row_scale[rows.local[1]];
-      sm90::mbarrier_arrive(&s.pfree[warp]);
-      ++message;
-    };
-
-    for (PartWalker walker(p, part); walker.valid(); walker.next()) {
-      const PartPiece piece = walker.piece();
-      const int seq_len = p.seq_lens[piece.request];
-      zero(acc);
-      for (int block = piece.block_begin; block < piece.block_end; ++block, ++j) {
-        if constexpr (Traits::kFp8) {
-          // This half of V^T is written and read by this warpgroup alone: its previous P·V on
-          // the buffer has completed (waited below), so no barrier guards the buffer.
-          const int stage = j % kKStages;
-          sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
-          transpose_values(sm90::smem_u32(s.k + stage * kTileBytes),
-                           sm90::smem_u32(s.vt + (j % kVtStages) * kVtStageBytes),
-                           valid_tokens_in_block(seq_len, block), 1, warp, lane);
-          sm90::fence_proxy_async_smem();
-          __syncwarp();
-          if (lane == 0) sm90::mbarrier_arrive(&s.kfree[stage]);
-          sm90::named_barrier_sync(kBarValuesWg, kWarpgroupThreads);
-        }
-        float row_rescale[2];
-        receive(row_rescale, true);
-        rescale(acc, row_rescale[0], row_rescale[1]);
-        wait_values_ready(s, j, valid_tokens_in_block(seq_len, block), 1);
-        sm90::wgmma_fence();
-        issue_values(s, j, 1, probs, acc);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(acc);
-        release_values(s, j, 1);
-      }
-      float inv[2];
-      receive(inv, false);
-      store_output(p, piece, rows, acc, inv, 1);
     }
   }
 };
@@ -728,14 +707,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     sm90::warpgroup_reg_dealloc<Kernel::kProducerRegs>();
-    if constexpr (Traits::kFp8) Kernel::producer_fp8(p, &kv_map, s, part);
-    else Kernel::producer_bf16(p, &kv_map, s, part);
-  } else if (warpgroup == 1) {
-    sm90::warpgroup_reg_alloc<Kernel::kScoresRegs>();
-    Kernel::scores_warpgroup(p, s, row_tile, part);
+    Kernel::producer(p, &kv_map, s, part);
   } else {
-    sm90::warpgroup_reg_alloc<Kernel::kValuesRegs>();
-    Kernel::values_warpgroup(p, s, row_tile, part);
+    sm90::warpgroup_reg_alloc<Kernel::kConsumerRegs>();
+    Kernel::consumer_warpgroup(p, s, row_tile, part, warpgroup - 1);
   }
 }
 
