@@ -25,6 +25,23 @@ __device__ __forceinline__ void st_shared_u32(uint32_t address, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(v));
 }
 
+// Four 8x8 matrices of 16-bit elements, transposed on the way: lanes 8i..8i+7 give the row
+// addresses of matrix i (16 bytes each); lane l receives, in register i, elements
+// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of matrix i (row, column).
+__device__ __forceinline__ uint4 ldmatrix_x4_trans(uint32_t address) {
+  uint4 v;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+// Four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i;
+// lane l supplies, in register i, elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1).
+__device__ __forceinline__ void stmatrix_x4(uint32_t address, uint4 v) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w));
+}
+
 // ---- mbarrier -------------------------------------------------------------------------------
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals));

@@ -217,63 +217,47 @@ struct DecodeKernel {
   }
 
   // ---------------------------------------------------------------------------------------
-  // FP8 V transpose (by the consumers). Lane roles: gpar = lane & 1, q = (lane >> 1) & 3, cc = lane >> 3.
-  // A thread reads 4 tokens x 16 value dims (16-byte loads) and writes 16 dims x 4 token
-  // positions (4-byte stores). Token positions follow the order of the P fragment in registers
-  // (see pack_probabilities), so P never has to move between threads:
-  // position 4q + 2a + b within a 16-token group holds token 8a + 2q + b.
+  // FP8 V transpose (by the consumers). V^T position 4k + 2a + b of each 16-token group holds
+  // token 8a + 2k + b: the order of the P fragment in registers (see pack_probabilities), so P
+  // never has to move between threads. It is also what a 16-bit transposing matrix load gives:
+  // ldmatrix.trans of the group's tokens 0-7 and 8-15 (16 dims each) hands lane l the dim pair
+  // (2 (l/4), 2 (l/4) + 1) of tokens (2k, 2k+1) and (8+2k, 9+2k), k = l % 4; one byte permute
+  // per dim makes the 4 bytes of V^T row 2 (l/4) (or +1) at positions 4k..4k+3, which is the
+  // fragment stmatrix stores as row l/4.
   // ---------------------------------------------------------------------------------------
-  // Transposes one half of the block's values: half 0 = dims 0..255, half 1 = 256..511, the
-  // four warps of a consumer sharing the work. Every address is one of two per-thread bases
-  // plus a constant, so loads and stores take immediate offsets. kMasked: the block has
-  // tokens past seq_len (valid < 64), which read as zeros.
+  // Transposes one half of the block's values (half 0 = dims 0..255, half 1 = 256..511): warp
+  // w of the consumer takes token group w, in 8 steps of 32 dims. kMasked: the block has
+  // tokens past seq_len (valid < 64), which become zeros.
   template <bool kMasked>
   static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
                                           int lane) {
-    const int gpar = lane & 1, q = (lane >> 1) & 3, cc = lane >> 3;
-    // 16 units per block (2 token halves x 8 column chunks); unit `warp + 4 * (2 * half + i)`
-    // covers token group g and column chunk first_chunk + 2 * i.
-    const int g = 2 * (warp & 1) + gpar, first_chunk = 4 * half + (warp >> 1);
-    // Odd-gpar lanes load their token pairs in swapped order (bank spread); their byte
-    // selectors swap them back. Load k reads token 16g + 2q + {gpar, 1-gpar, 8+gpar, 9-gpar}.
-    const uint32_t select_low = gpar ? 0x1504u : 0x5140u;
-    const uint32_t select_high = gpar ? 0x3726u : 0x7362u;
-    const int first_token = 16 * g + 2 * q;
-    // 64-byte swizzle: piece cc of row `token` sits at cc ^ ((token >> 1) & 3) = cc ^ q.
-    const uint32_t row = k_stage + first_chunk * kChunkBytes + first_token * kChunkRowBytes + ((cc ^ q) << 4);
-    const uint32_t load_base[2] = {row + gpar * kChunkRowBytes, row + (1 - gpar) * kChunkRowBytes};
-    const int load_token[2] = {first_token + gpar, first_token + 1 - gpar};
-    const uint32_t store_base = vt_stage + (first_chunk * 8 + 2 * cc) * kVtGroupStride + g * kVtCoreStride + 4 * q;
+    const int matrix = lane / 8, row = lane % 8;
+    // Load: matrix m is tokens 16w + 8 (m % 2) + 0..7, 16-byte piece m / 2 of the step's 32
+    // dims. 64-byte swizzle: piece p of row t sits at p ^ ((t >> 1) & 3). Odd steps use pieces
+    // 2 and 3 of the chunk (an XOR with 2), even steps 0 and 1.
+    const int token = 16 * warp + 8 * (matrix % 2) + row;
+    const uint32_t token_row = k_stage + half * 4 * kChunkBytes + token * kChunkRowBytes;
+    const int piece = (matrix / 2) ^ ((token >> 1) & 3);
+    const uint32_t load_base[2] = {token_row + (piece << 4), token_row + ((piece ^ 2) << 4)};
+    // Store: matrix i holds V^T rows (dims) 16 (i / 2) + 2r + i % 2 of the step, r = row.
+    const int dim = 16 * (matrix / 2) + 2 * row + matrix % 2;
+    const uint32_t store_base = vt_stage + (half * 32 + dim / 8) * kVtGroupStride + warp * kVtCoreStride + (dim % 8) * 16;
+    // Tokens of this lane's output bytes: 2k, 2k+1, 8+2k, 9+2k of the group.
+    uint32_t keep = 0xffffffffu;
+    if (kMasked) {
+      const int first = 16 * warp + 2 * (lane % 4);
+      keep = (first < valid ? 0xffu : 0u) | (first + 1 < valid ? 0xff00u : 0u) | (first + 8 < valid ? 0xff0000u : 0u) |
+             (first + 9 < valid ? 0xff000000u : 0u);
+    }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint4 in[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t address = load_base[k & 1] + i * 2 * kChunkBytes + (k >> 1) * 8 * kChunkRowBytes;
-        if (kMasked)
-          in[k] = load_token[k & 1] + (k >> 1) * 8 < valid ? sm90::ld_shared_v4(address) : make_uint4(0u, 0u, 0u, 0u);
-        else
-          in[k] = sm90::ld_shared_v4(address);
-      }
-      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&in[0]);
-      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&in[1]);
-      const uint32_t* w2 = reinterpret_cast<const uint32_t*>(&in[2]);
-      const uint32_t* w3 = reinterpret_cast<const uint32_t*>(&in[3]);
-#pragma unroll
-      for (int dw = 0; dw < 4; ++dw) {
-        const uint32_t x = sm90::byte_perm(w0[dw], w1[dw], select_low);
-        const uint32_t y = sm90::byte_perm(w0[dw], w1[dw], select_high);
-        const uint32_t z = sm90::byte_perm(w2[dw], w3[dw], select_low);
-        const uint32_t v = sm90::byte_perm(w2[dw], w3[dw], select_high);
-        const uint32_t out[4] = {sm90::byte_perm(x, z, 0x5410u), sm90::byte_perm(x, z, 0x7632u),
-                                 sm90::byte_perm(y, v, 0x5410u), sm90::byte_perm(y, v, 0x7632u)};
-#pragma unroll
-        for (int bi = 0; bi < 4; ++bi) {
-          const int dim = 4 * dw + bi;  // within the thread's 16 dims, which start 8-aligned
-          sm90::st_shared_u32(store_base + i * 16 * kVtGroupStride + (dim >> 3) * kVtGroupStride + (dim & 7) * 16,
-                              out[bi]);
-        }
-      }
+    for (int step = 0; step < 8; ++step) {  // dims 32 step .. 32 step + 31 of the half
+      const uint4 in = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
+      uint4 out;
+      out.x = sm90::byte_perm(in.x, in.y, 0x6420u) & keep;
+      out.y = sm90::byte_perm(in.x, in.y, 0x7531u) & keep;
+      out.z = sm90::byte_perm(in.z, in.w, 0x6420u) & keep;
+      out.w = sm90::byte_perm(in.z, in.w, 0x7531u) & keep;
+      sm90::stmatrix_x4(store_base + step * 4 * kVtGroupStride, out);
     }
   }
 
