@@ -2,6 +2,7 @@
 
 #include "kernels/decode/sm90/combine.h"
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/sm90/dependent_launch.cuh"
 
 namespace speedmla::kernels::decode_sm90 {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 constexpr int kCombineThreads = kLatentDim / 4;  // 128
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
+  sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
   const int row = blockIdx.x, request = blockIdx.y;
   const RequestPlan plan = p.plans[request];
   if (plan.split_slot < 0) return;  // the main kernel wrote this request directly
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
   const dim3 grid(params.num_rows, params.batch);
-  decode_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(params);
+  sm90::launch_dependent(decode_combine_kernel, grid, dim3(kCombineThreads), 0, stream, params);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

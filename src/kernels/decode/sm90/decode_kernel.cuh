@@ -31,6 +31,7 @@
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -706,6 +707,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const typename Kernel::Smem s = Kernel::carve(smem_raw);
   if (threadIdx.x == 0) Kernel::init_barriers(s);
   __syncthreads();
+  // Launched as a dependent of the schedule kernel: the set-up above overlapped it; the plan
+  // (and, through it, the stream's earlier work) is complete past this point.
+  sm90::grid_dependency_wait();
+  // The combine kernel may be launched now: it waits for this grid's completion itself.
+  sm90::allow_dependent_launch();
 
   const int row_tile = blockIdx.x, part = blockIdx.y;
   const int warpgroup = threadIdx.x / kWarpgroupThreads;

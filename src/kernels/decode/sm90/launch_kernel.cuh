@@ -15,7 +15,7 @@ void launch_decode_kernel(const CUtensorMap& kv_map, const DecodeParams& params,
       cudaFuncSetAttribute(decode_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (attribute_status != cudaSuccess) return;  // reported by the caller's cudaGetLastError()
   const dim3 grid(params.num_row_tiles, params.num_parts);
-  decode_kernel<Traits><<<grid, kThreads, smem_bytes, stream>>>(kv_map, params);
+  sm90::launch_dependent(decode_kernel<Traits>, grid, dim3(kThreads), smem_bytes, stream, kv_map, params);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

@@ -1,4 +1,5 @@
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/decode/sm90/schedule.h"
 
 namespace speedmla::kernels::decode_sm90 {
@@ -35,7 +36,10 @@ __device__ int block_exclusive_scan(int value, int* total) {
 
 // Each thread owns a contiguous run of requests; two scans give every request its first unit
 // and its first partial-result slot.
+// Launched in plain stream order (the previous operation's kernels may still read the plan
+// it rewrites), it lets the main kernel launch at once: that kernel's set-up overlaps this one.
 __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(DecodeParams p) {
+  sm90::allow_dependent_launch();
   const int per_thread = (p.batch + kScheduleThreads - 1) / kScheduleThreads;
   const int begin = min(p.batch, static_cast<int>(threadIdx.x) * per_thread);
   const int end = min(p.batch, begin + per_thread);
