@@ -8,7 +8,7 @@
 #
 # Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
 # SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode subset under
-# compute-sanitizer (memcheck and racecheck).
+# compute-sanitizer (memcheck, racecheck and synccheck).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${SPEEDMLA_BUILD_DIR:-$root/build}"
@@ -57,7 +57,7 @@ if [ "$run_tests" = 1 ]; then
 fi
 
 if [ "$sanitize" = 1 ]; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
       --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*' > "$logs/sanitize_$tool.log" 2>&1
     rc=$?
