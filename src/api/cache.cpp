@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "api/cache_layout.h"
 #include "api/check.h"
 #include "kernels/cache/gather_cache.h"
 #include "kernels/cache/kv_cache_write.h"
@@ -12,21 +13,11 @@
 namespace speedmla {
 namespace {
 
-// Checks kv_cache [num_pages, page_size, 576] (FP8 or BF16; rows contiguous inside a page; page
-// stride >= page_size * 576 elements; 16-byte aligned) and describes it for the kernels.
+// Checks kv_cache [num_pages, page_size, 576] (the shared layout; FP8 or BF16; 16-byte
+// aligned) and describes it for the kernels.
 kernels::PagedCache check_cache(const detail::ArgChecker& check, const TensorView& kv_cache) {
-  check.defined(kv_cache, "kv_cache", 3);
+  const auto [num_pages, page_size] = detail::check_cache_layout(check, kv_cache);
   check.dtype(kv_cache, "kv_cache", {DType::kFloat8E4M3, DType::kBFloat16});
-  check.dim(kv_cache, "kv_cache", 2, kCacheRowDim);
-  const int64_t num_pages = kv_cache.size(0), page_size = kv_cache.size(1);
-  check.require(page_size >= 1, "kv_cache.shape[1] (page_size) must be >= 1, got ", page_size);
-  check.last_dim_contiguous(kv_cache, "kv_cache");
-  check.require(page_size == 1 || kv_cache.stride(1) == kCacheRowDim,
-                "kv_cache rows must be contiguous inside a page: stride(1) must be ", kCacheRowDim,
-                ", got ", kv_cache.stride(1));
-  check.require(num_pages <= 1 || kv_cache.stride(0) >= page_size * kCacheRowDim,
-                "kv_cache.stride(0) (the page stride) must be >= page_size * ", kCacheRowDim, " = ",
-                page_size * kCacheRowDim, ", got ", kv_cache.stride(0));
   check.aligned(kv_cache, "kv_cache", 16);
   return {kv_cache.data, kv_cache.dtype, kv_cache.stride(0), page_size, num_pages * page_size};
 }

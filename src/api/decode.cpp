@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "api/cache_layout.h"
 #include "api/check.h"
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/workspace.h"
@@ -38,21 +39,13 @@ DecodeShape validate(const detail::ArgChecker& check, const TensorView& q, const
   check.require(shape.q_len >= 1 && shape.q_len <= kMaxQLen, "q.shape[1] (q_len) must be in [1, ", kMaxQLen,
                 "], got ", shape.q_len);
 
-  check.defined(kv_cache, "kv_cache", 3);
+  const detail::CacheLayout layout = detail::check_cache_layout(check, kv_cache);
+  shape.num_pages = layout.num_pages;
+  shape.page_size = layout.page_size;
   check.require(kv_cache.dtype == q.dtype, "kv_cache must have the dtype of q (", dtype_name(q.dtype), "), got ",
                 dtype_name(kv_cache.dtype));
-  check.dim(kv_cache, "kv_cache", 2, kCacheRowDim);
-  shape.num_pages = kv_cache.shape[0];
-  shape.page_size = kv_cache.shape[1];
   check.require(shape.num_pages >= 1, "kv_cache.shape[0] (num_pages) must be >= 1 (page 0 is the null page), got ",
                 shape.num_pages);
-  check.require(shape.page_size >= 1, "kv_cache.shape[1] (page_size) must be >= 1, got ", shape.page_size);
-  check.last_dim_contiguous(kv_cache, "kv_cache");
-  check.require(shape.page_size == 1 || kv_cache.strides[1] == kCacheRowDim,
-                "kv_cache rows must be contiguous inside a page (stride(1) == 576), got ", kv_cache.strides[1]);
-  check.require(shape.num_pages == 1 || kv_cache.strides[0] >= shape.page_size * kCacheRowDim,
-                "kv_cache.stride(0) (page stride) must be >= page_size*576 = ", shape.page_size * kCacheRowDim,
-                ", got ", kv_cache.strides[0]);
 
   check.defined(block_table, "block_table", 2);
   check.dtype(block_table, "block_table", {DType::kInt32});

@@ -220,8 +220,8 @@ TEST_F(DecodeValidation, KvCacheRowsNotContiguousInAPage) {
 
 TEST_F(DecodeValidation, KvCachePageStrideTooSmall) {
   EXPECT_TRUE(refused([](DecodeArgs& a) { a.kv_cache.strides[0] = 3 * kCacheRowDim; },
-                      "kv_cache.stride(0) (page stride) must be >= page_size*576 = 2304, got 1728"));
-  EXPECT_TRUE(refused([](DecodeArgs& a) { a.kv_cache.strides[0] = 0; }, "kv_cache.stride(0) (page stride)"));
+                      "kv_cache.stride(0) (the page stride) must be >= page_size * 576 = 2304, got 1728"));
+  EXPECT_TRUE(refused([](DecodeArgs& a) { a.kv_cache.strides[0] = 0; }, "kv_cache.stride(0) (the page stride)"));
 }
 
 // ---- block_table ----
