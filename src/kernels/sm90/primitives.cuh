@@ -21,9 +21,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t address) {
 __device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
-__device__ __forceinline__ void st_shared_u32(uint32_t address, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(v));
-}
 
 // Four 8x8 matrices of 16-bit elements, transposed on the way: lanes 8i..8i+7 give the row
 // addresses of matrix i (16 bytes each); lane l receives, in register i, elements
@@ -86,9 +83,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
 // id 0 is __syncthreads; callers use ids >= 1. `threads` counts every participant.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Orders this thread's ordinary shared-memory writes before later reads by the async proxy
