@@ -7,69 +7,74 @@
 namespace speedmla::kernels::decode_sm90 {
 namespace {
 
-// One CTA per (request, query row): thread t owns output columns 4t..4t+3. A request is cut
-// into at most num_parts pieces, and long contexts on small batches hit that bound (B = 4:
-// ~33 pieces a request), so the loop over pieces keeps several independent loads in flight.
-constexpr int kCombineThreads = kLatentDim / 4;  // 128
+// One warp per (request, query row, 128 output columns): lane l owns columns 4l .. 4l + 3 of
+// the warp's 128, so each load instruction of a warp reads 512 contiguous bytes. Warps meet at
+// no CTA barrier: each computes its row's piece weights itself (a few exponentials), 32
+// pieces at a time, one per lane, broadcast by shuffles. A request has at most num_parts
+// pieces; long contexts on small batches have many (B = 4: ~33), and few rows, so splitting a
+// row's columns over four warps is what keeps enough loads in flight to reach the memory's
+// bandwidth there.
+constexpr int kColumnsPerWarp = 128;
+constexpr int kWarpsPerRow = kLatentDim / kColumnsPerWarp;
+constexpr int kCombineRows = 2;  // rows of one request per CTA
+constexpr int kCombineThreads = 32 * kWarpsPerRow * kCombineRows;
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
   sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
-  const int row = blockIdx.x, request = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow, request = blockIdx.y;
+  const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
   const RequestPlan plan = p.plans[request];
-  if (plan.split_slot < 0) return;  // the main kernel wrote this request directly
+  if (plan.split_slot < 0 || row >= p.num_rows) return;  // written directly by the main kernel
   const int num_splits = request_num_splits(plan, p.plan_header->units_per_part);
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  __shared__ float weight[kMaxParts];  // a request has at most num_parts <= kMaxParts pieces
-  __shared__ float warp_value[kCombineThreads / 32];
+  const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
 
   // NaN-propagating maximum of the pieces' LSE: a NaN piece must poison the row.
-  auto nan_max = [](float a, float b) { return (b > a || b != b) ? b : a; };
-  const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
   float max_lse = -INFINITY;
-  for (int s = t; s < num_splits; s += kCombineThreads) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
+  for (int s = lane; s < num_splits; s += 32) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
   for (int d = 16; d > 0; d /= 2) max_lse = nan_max(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, d));
-  if (lane == 0) warp_value[warp] = max_lse;
-  __syncthreads();
-  max_lse = nan_max(nan_max(warp_value[0], warp_value[1]), nan_max(warp_value[2], warp_value[3]));
-  __syncthreads();
-
   // All pieces empty (-inf): the row saw no key, out 0 and lse -inf.
   const bool empty = max_lse == -INFINITY;
-  float sum = 0.f;
-  for (int s = t; s < num_splits; s += kCombineThreads) {
-    const float w = empty ? 0.f : expf(lse[static_cast<int64_t>(s) * p.num_rows] - max_lse);
-    weight[s] = w;
-    sum += w;
-  }
-  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  if (lane == 0) warp_value[warp] = sum;
-  __syncthreads();
-  sum = warp_value[0] + warp_value[1] + warp_value[2] + warp_value[3];
 
   const float4* src = reinterpret_cast<const float4*>(
-      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim) + t;
+      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
   const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum = 0.f;
+  for (int first = 0; first < num_splits; first += 32) {
+    const int mine = first + lane;
+    const float my_weight = empty || mine >= num_splits ? 0.f : expf(lse[static_cast<int64_t>(mine) * p.num_rows] - max_lse);
+    sum += my_weight;
+    const int count = min(32, num_splits - first);
 #pragma unroll 8
-  for (int s = 0; s < num_splits; ++s) {
-    const float w = weight[s];
-    if (w == 0.f) continue;  // an empty piece (its output is 0, maybe never written as NaN-free)
-    const float4 x = src[s * split_stride];
-    acc.x += w * x.x;
-    acc.y += w * x.y;
-    acc.z += w * x.z;
-    acc.w += w * x.w;
+    for (int k = 0; k < count; ++k) {
+      const float w = __shfl_sync(0xffffffffu, my_weight, k);
+      const float4 x = src[(first + k) * split_stride];
+      // An empty piece weighs 0 and its partial may hold anything: it is skipped, not
+      // multiplied (0 * NaN).
+      if (w != 0.f) {
+        acc.x = fmaf(w, x.x, acc.x);
+        acc.y = fmaf(w, x.y, acc.y);
+        acc.z = fmaf(w, x.z, acc.z);
+        acc.w = fmaf(w, x.w, acc.w);
+      }
+    }
   }
+  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+
   const float norm = sum > 0.f ? p.output_scale / sum : (max_lse != max_lse ? NAN : 0.f);
   const int token = row / p.num_heads, head = row % p.num_heads;
-  uint16_t* dst = p.out + request * p.out_stride_batch + token * p.out_stride_token + head * p.out_stride_head + 4 * t;
+  uint16_t* dst =
+      p.out + request * p.out_stride_batch + token * p.out_stride_token + head * p.out_stride_head + column;
   const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * norm, acc.y * norm);
   const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * norm, acc.w * norm);
   uint2 packed;
   packed.x = *reinterpret_cast<const uint32_t*>(&lo);
   packed.y = *reinterpret_cast<const uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(dst) = packed;
-  if (p.lse != nullptr && t == 0)
+  if (p.lse != nullptr && column == 0)
     p.lse[request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] =
         sum > 0.f ? max_lse + logf(sum) : max_lse;
 }
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 }  // namespace
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
-  const dim3 grid(params.num_rows, params.batch);
+  const dim3 grid((params.num_rows + kCombineRows - 1) / kCombineRows, params.batch);
   sm90::launch_dependent(decode_combine_kernel, grid, dim3(kCombineThreads), 0, stream, params);
 }
 

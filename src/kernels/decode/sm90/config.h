@@ -25,8 +25,8 @@ inline constexpr int kHalfValueDim = 256;   // each consumer warpgroup owns half
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = 3 * kWarpgroupThreads;
 
-// Upper bound on split-KV parts per row tile (one CTA per SM; GPUs have far fewer SMs). The
-// combine kernel stages one weight per part in shared memory.
+// Upper bound on split-KV parts per row tile (one CTA per SM; GPUs have far fewer SMs): it
+// bounds the workspace whatever num_sms a caller passes.
 inline constexpr int kMaxParts = 1024;
 
 }  // namespace speedmla::kernels::decode_sm90
