@@ -200,6 +200,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   p.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(base + layout.partial_out_offset);
   p.num_slots = layout.num_slots;
+  p.slot_cost_blocks = dk::split_slot_cost(p.num_rows, static_cast<int>(esize), layout.num_parts);
   p.score_scale_log2 = softmax_scale * 1.4426950408889634f;
   p.output_scale = output_scale;
 

@@ -144,6 +144,16 @@ TEST_P(DecodeGpu, SplitFreeLargeBatch) {
   check_case(spec_for(dtype(), 1024, 1, 16, 64, 1, 256, seed()));
 }
 
+TEST_P(DecodeGpu, EqualLengthsAboutOneRequestPerSm) {
+  // The plan keeps whole requests per part here (a part size just above the even split cuts
+  // nothing); one shorter request moves every later boundary, and the plan must still hold.
+  const int64_t batch = device_sm_count(0) - 4;
+  DecodeProblemSpec s = spec_for(dtype(), batch, 1, 16, 64, 2560, 2560, seed());
+  check_case(s);
+  s.seq_lens[batch / 3] = 2500;
+  check_case(s);
+}
+
 TEST_P(DecodeGpu, MixedBatchMixedLengths) {
   check_case(spec_for(dtype(), 64, 2, 128, 64, 1, 20000, seed()));
 }

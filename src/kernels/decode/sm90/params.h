@@ -18,7 +18,7 @@ struct RequestPlan {
 // Batch-wide numbers of the plan.
 struct PlanHeader {
   int total_units;     // sum over requests of max(1, num_blocks): work units
-  int units_per_part;  // ceil(total_units / num_parts)
+  int units_per_part;  // chosen by the schedule kernel, >= ceil(total_units / num_parts)
 };
 
 struct DecodeParams {
@@ -55,6 +55,9 @@ struct DecodeParams {
   int num_slots;
 
   // ---- scalars
+  // What one partial-result slot costs, in units of the time a part spends on one KV block:
+  // the schedule kernel weighs it against longer parts (split_slot_cost in workspace.h).
+  float slot_cost_blocks;
   float score_scale_log2;      // softmax_scale * log2(e): scores in base-2 units
   float output_scale;
 };

@@ -49,4 +49,18 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_
   return w;
 }
 
+// What a partial-result slot costs, in units of the time a part spends on one KV block: a slot
+// is written by the main kernel and read back by the combine kernel, 2 * rows * 512 FP32
+// values, while each of the num_parts parts streams blocks of 64 cache rows. When memory
+// is the limit (few heads), both share its bandwidth, so S slots delay the operation as much
+// as S * slot_bytes / (num_parts * block_bytes) more blocks per part would. With many heads
+// the blocks cost compute too, and the figure overstates slots a little: the plan then keeps
+// whole requests together a little more readily than it needs to.
+inline float split_slot_cost(int64_t num_rows, int elem_bytes, int num_parts) {
+  const double rows = static_cast<double>(num_rows < kTileRows ? num_rows : kTileRows);
+  const double slot_bytes = 2.0 * rows * kLatentDim * sizeof(float);
+  const double block_bytes = static_cast<double>(kBlockTokens) * kRowDim * elem_bytes;
+  return static_cast<float>(slot_bytes / (block_bytes * num_parts));
+}
+
 }  // namespace speedmla::kernels::decode_sm90
