@@ -22,6 +22,14 @@ __device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
 
+// 16 bytes from global to shared memory, asynchronously and through no register (cached in L2
+// only). With src_bytes < 16 the rest of the 16 bytes are zeros (0: nothing is read).
+__device__ __forceinline__ void cp_async_16(uint32_t address, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(src), "r"(src_bytes) : "memory");
+}
+// Waits for all of this thread's cp_async_16 copies.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Four 8x8 matrices of 16-bit elements, transposed on the way: lanes 8i..8i+7 give the row
 // addresses of matrix i (16 bytes each); lane l receives, in register i, elements
 // (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of matrix i (row, column).
@@ -138,6 +146,30 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   uint32_t packed;
   asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(packed) : "f"(a), "f"(b));
   return packed;
+}
+
+// The four FP8 e4m3 numbers of a word, summed in pairs in FP16: (byte 0 + byte 2, byte 1 +
+// byte 3) as an f16x2 word (byte 0's pair in the low half).
+__device__ __forceinline__ uint32_t fp8x4_pair_sums(uint32_t packed) {
+  uint32_t sums;
+  asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 a, b;\n\t"
+      "mov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 a, lo;\n\tcvt.rn.f16x2.e4m3x2 b, hi;\n\t"
+      "add.rn.f16x2 %0, a, b;\n\t}"
+      : "=r"(sums) : "r"(packed));
+  return sums;
+}
+__device__ __forceinline__ uint32_t add_f16x2(uint32_t a, uint32_t b) {
+  uint32_t sum;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(b));
+  return sum;
+}
+// The two halves of an f16x2 word, summed in FP32.
+__device__ __forceinline__ float f16x2_total(uint32_t pair) {
+  float total;
+  asm("{\n\t.reg .b16 lo, hi;\n\t.reg .f32 a, b;\n\t"
+      "mov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 a, lo;\n\tcvt.f32.f16 b, hi;\n\tadd.f32 %0, a, b;\n\t}"
+      : "=f"(total) : "r"(pair));
+  return total;
 }
 
 // 2^x with the hardware approximation (2 ulp), flushing denormal results to zero: exp2f adds

@@ -107,7 +107,7 @@ struct DecodeKernel {
   // partial row sums, and the rows' new maxima (one float per row).
   static constexpr int kProbGroups = kPRegs / 4;  // 16-byte pieces of a lane's P
   static constexpr int kMessageProbBytes = 4 * kProbGroups * 32 * 16;
-  static constexpr int kMessageSumBytes = kWarpgroupThreads * 8;
+  static constexpr int kMessageSumBytes = kWarpgroupThreads * 8 * (Traits::kFp8 ? 2 : 1);  // RowSums
   static constexpr int kMessageMaxBytes = kTileRows * 4;
 
   // Shared memory map, offsets from a 1024-byte aligned base (swizzle atoms need it).
@@ -140,7 +140,7 @@ struct DecodeKernel {
     uint8_t* k;
     uint8_t* vt;
     uint4* message_probs;
-    float2* message_sums;
+    float2* message_sums;  // [exact sums of each thread] then, for FP8, [weights of each thread]
     float* message_max;
     uint64_t* full;     // [kKStages]   TMA bytes landed
     uint64_t* kfree;    // [kKStages]   K stage may be overwritten
@@ -285,6 +285,18 @@ struct DecodeKernel {
     int head[2];
   };
 
+  // A thread's share (its 16 columns) of its two rows' softmax sums: `exact` of the
+  // probabilities as computed, for the LSE; `weights` of the probabilities as the P·V
+  // multiplies them, the output's normaliser, so that each output row is a weighted mean with
+  // exactly its own weights. They differ for FP8: normalising e4m3-rounded P by the exact sum
+  // leaves a row off by the rounding of its dominant weights, up to 1/16 when one key dominates
+  // and the lazy max has left its P off a power of two. BF16 P is within 2^-9 of the float, so
+  // there both are the exact sum.
+  struct RowSums {
+    float exact[2];
+    float weights[2];
+  };
+
   static __device__ RowInfo row_info(const DecodeParams& p, int row_tile, int warp, int lane) {
     RowInfo r;
 #pragma unroll
@@ -299,7 +311,9 @@ struct DecodeKernel {
   }
 
   // Stages the query tile of `request` in the swizzled layout the score wgmma reads; called by
-  // all threads of both consumers.
+  // all threads of both consumers. The copies are asynchronous, so the tile costs about one
+  // global-memory latency rather than one per 16 bytes a thread moves: it runs between two
+  // pieces of a part, with the tensor cores idle. Rows past num_rows are zeros.
   static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int row_tile) {
     const int t = threadIdx.x - kWarpgroupThreads;
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
@@ -307,16 +321,18 @@ struct DecodeKernel {
     for (int i = t; i < kTileRows * kQPiecesPerRow; i += kConsumerThreads) {
       const int r = i / kQPiecesPerRow, piece = i % kQPiecesPerRow;
       const int row = row_tile * kTileRows + r;
-      uint4 value = make_uint4(0u, 0u, 0u, 0u);
+      const uint8_t* src = q;
       if (row < p.num_rows) {
         const int token = row / p.num_heads, head = row % p.num_heads;
         const int64_t element = request * p.q_stride_batch + token * p.q_stride_token + head * p.q_stride_head;
-        value = __ldg(reinterpret_cast<const uint4*>(q + element * kE) + piece);
+        src = q + element * kE + piece * 16;
       }
       const int chunk = piece / kPiecesPerChunkRow, in_row = piece % kPiecesPerChunkRow;
       const int swizzle = Traits::kFp8 ? (r >> 1) & 3 : r & 7;
-      sm90::st_shared_v4(q_smem + chunk * kChunkBytes + r * kChunkRowBytes + ((in_row ^ swizzle) << 4), value);
+      sm90::cp_async_16(q_smem + chunk * kChunkBytes + r * kChunkRowBytes + ((in_row ^ swizzle) << 4), src,
+                        row < p.num_rows ? 16u : 0u);
     }
+    sm90::cp_async_wait_all();
     sm90::fence_proxy_async_smem();
   }
 
@@ -438,6 +454,20 @@ struct DecodeKernel {
     }
   }
 
+  // FP8: this thread's share of the block's row sums of the e4m3-rounded P that the P·V
+  // multiplies (RowSums::weights). Registers 4s and 4s + 2 hold row 0's probabilities, 4s + 1
+  // and 4s + 3 row 1's (pack_probabilities). Partial sums of at most 16 values below 2^8.5 lose
+  // next to nothing in FP16 (11-bit significands against e4m3's 4).
+  static __device__ void sum_probability_weights(const uint32_t (&probs)[kPRegs], RowSums& sums) {
+    static_assert(Traits::kFp8 && kPRegs == 8);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t row0 = sm90::add_f16x2(sm90::fp8x4_pair_sums(probs[i]), sm90::fp8x4_pair_sums(probs[i + 2]));
+      const uint32_t row1 = sm90::add_f16x2(sm90::fp8x4_pair_sums(probs[i + 4]), sm90::fp8x4_pair_sums(probs[i + 6]));
+      sums.weights[i] = sm90::f16x2_total(sm90::add_f16x2(row0, row1));
+    }
+  }
+
   // Message slot of this thread for its P fragment registers, 16 bytes at a time.
   static __device__ uint32_t message_prob_slot(const Smem& s, int group) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -473,10 +503,10 @@ struct DecodeKernel {
   // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
   // and turns the scores into probabilities against the new row maxima (returned). A row's
   // max moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs
-  // are relative to whichever max is used, so the result is the same). block_sum gets this
-  // thread's share of the rows' sums (its 16 columns).
+  // are relative to whichever max is used, so the result is the same). Fills the block's exact
+  // sums (and, for BF16, the weights: see RowSums).
   static __device__ void softmax_block(float (&scores)[32], const float (&row_max)[2], float (&new_max)[2],
-                                       float (&block_sum)[2], const int (&limit)[2], int block,
+                                       RowSums& block_sums, const int (&limit)[2], int block,
                                        float score_scale_log2) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
@@ -506,7 +536,7 @@ struct DecodeKernel {
       new_max[i] = block_max_log2 > row_max[i] + Traits::kMaxSlackLog2 ? block_max_log2 : row_max[i];
       // A row that has seen no key yet keeps max -inf: its exponents are of -inf.
       exponent_base[i] = new_max[i] == -INFINITY ? 0.f : new_max[i] - kBias;
-      block_sum[i] = 0.f;
+      block_sums.exact[i] = 0.f;
     }
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -514,20 +544,25 @@ struct DecodeKernel {
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2;
         scores[4 * n + e] = sm90::fast_exp2(fmaf(scores[4 * n + e], score_scale_log2, -exponent_base[i]));
-        block_sum[i] += scores[4 * n + e];
+        block_sums.exact[i] += scores[4 * n + e];
       }
+    if constexpr (!Traits::kFp8) {
+      block_sums.weights[0] = block_sums.exact[0];
+      block_sums.weights[1] = block_sums.exact[1];
+    }
   }
 
   // Moves the running softmax state to a block's new row maxima: rescales the output half and
   // the sums, then adds the block's sums. Both consumers apply every block's update in the same
   // order, so their states stay identical.
-  static __device__ void advance_softmax(float (&acc)[128], float (&row_max)[2], float (&row_sum)[2],
-                                         const float (&new_max)[2], const float (&block_sum)[2]) {
+  static __device__ void advance_softmax(float (&acc)[128], float (&row_max)[2], RowSums& row_sums,
+                                         const float (&new_max)[2], const RowSums& block_sums) {
     float factor[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       factor[i] = new_max[i] == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max[i]);
-      row_sum[i] = fmaf(row_sum[i], factor[i], block_sum[i]);
+      row_sums.exact[i] = fmaf(row_sums.exact[i], factor[i], block_sums.exact[i]);
+      row_sums.weights[i] = fmaf(row_sums.weights[i], factor[i], block_sums.weights[i]);
       row_max[i] = new_max[i];
     }
     rescale(acc, factor[0], factor[1]);
@@ -558,13 +593,16 @@ struct DecodeKernel {
     int j = 0;        // block counter over the CTA's whole sequence (the same in every warpgroup)
     int message = 0;  // messages on this warp pair's channel
 
-    auto send = [&](const float (&new_max)[2], const float (&block_sum)[2]) {
+    auto send = [&](const float (&new_max)[2], const RowSums& block_sums) {
       if (message > 0) sm90::mbarrier_wait(&s.channel_free[warp], (message - 1) & 1);
 #pragma unroll
       for (int g = 0; g < kProbGroups; ++g)
         sm90::st_shared_v4(message_prob_slot(s, g),
                            make_uint4(my_probs[4 * g], my_probs[4 * g + 1], my_probs[4 * g + 2], my_probs[4 * g + 3]));
-      s.message_sums[threadIdx.x % kWarpgroupThreads] = make_float2(block_sum[0], block_sum[1]);
+      s.message_sums[threadIdx.x % kWarpgroupThreads] = make_float2(block_sums.exact[0], block_sums.exact[1]);
+      if constexpr (Traits::kFp8)
+        s.message_sums[kWarpgroupThreads + threadIdx.x % kWarpgroupThreads] =
+            make_float2(block_sums.weights[0], block_sums.weights[1]);
       if (lane % 4 == 0) {
         s.message_max[rows.local[0]] = new_max[0];
         s.message_max[rows.local[1]] = new_max[1];
@@ -572,7 +610,7 @@ struct DecodeKernel {
       sm90::mbarrier_arrive(&s.channel[warp]);
       ++message;
     };
-    auto receive = [&](float (&new_max)[2], float (&block_sum)[2]) {
+    auto receive = [&](float (&new_max)[2], RowSums& block_sums) {
       sm90::mbarrier_wait(&s.channel[warp], message & 1);
 #pragma unroll
       for (int g = 0; g < kProbGroups; ++g) {
@@ -582,9 +620,10 @@ struct DecodeKernel {
         their_probs[4 * g + 2] = v.z;
         their_probs[4 * g + 3] = v.w;
       }
-      const float2 sums = s.message_sums[threadIdx.x % kWarpgroupThreads];
-      block_sum[0] = sums.x;
-      block_sum[1] = sums.y;
+      const float2 exact = s.message_sums[threadIdx.x % kWarpgroupThreads];
+      const float2 weights =
+          Traits::kFp8 ? s.message_sums[kWarpgroupThreads + threadIdx.x % kWarpgroupThreads] : exact;
+      block_sums = {{exact.x, exact.y}, {weights.x, weights.y}};
       new_max[0] = s.message_max[rows.local[0]];
       new_max[1] = s.message_max[rows.local[1]];
       sm90::mbarrier_arrive(&s.channel_free[warp]);
@@ -627,7 +666,7 @@ struct DecodeKernel {
       // Keys visible to each row: k < seq_len - (q_len - 1) + t.
       const int limit[2] = {seq_len - p.q_len + 1 + rows.token[0], seq_len - p.q_len + 1 + rows.token[1]};
       float row_max[2] = {-INFINITY, -INFINITY};
-      float row_sum[2] = {0.f, 0.f};  // this thread's columns; summed over the quad at the end
+      RowSums row_sums = {{0.f, 0.f}, {0.f, 0.f}};  // summed over the quad at the end
       zero(acc);
       sm90::fence_registers(acc);  // the zeroing may not sink below the first score wgmmas
 
@@ -638,18 +677,20 @@ struct DecodeKernel {
       for (int b = 0; b < num_blocks; ++b) {
         const int j_block = j + b, block = piece.block_begin + b;
         const int valid = valid_tokens_in_block(seq_len, block);
-        float new_max[2], block_sum[2];
+        float new_max[2];
+        RowSums block_sums;
         if (kSeesaw ? b % 2 == me : me == 0) {
           // In flight: S(b) and P·V(b-1). Waiting for fewer groups than all, anywhere in this
           // loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on these
           // paths which group is the newest); the tensor cores run them in order anyway.
           retire_wgmmas();
           if (b > 0) release_values(s, j_block - 1);
-          softmax_block(scores, row_max, new_max, block_sum, limit, block, p.score_scale_log2);
+          softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
           pack_probabilities(scores, my_probs);
-          send(new_max, block_sum);
+          if constexpr (Traits::kFp8) sum_probability_weights(my_probs, block_sums);
+          send(new_max, block_sums);
           prepare_values(s, j_block, valid, me);
-          advance_softmax(acc, row_max, row_sum, new_max, block_sum);
+          advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, my_probs);
           if (b + kScoreStride < num_blocks) issue_block_scores(j_block + kScoreStride);
         } else {
@@ -658,8 +699,8 @@ struct DecodeKernel {
           prepare_values(s, j_block, valid, me);
           retire_wgmmas();  // P·V(b-1); in the seesaw also S(b+1)
           if (b > 0) release_values(s, j_block - 1);
-          receive(new_max, block_sum);
-          advance_softmax(acc, row_max, row_sum, new_max, block_sum);
+          receive(new_max, block_sums);
+          advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, their_probs);
         }
       }
@@ -671,13 +712,15 @@ struct DecodeKernel {
       float inv[2], lse[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float sum = row_sum[i];
+        float sum = row_sums.exact[i], weights = row_sums.weights[i];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        weights += __shfl_xor_sync(0xffffffffu, weights, 1);
+        weights += __shfl_xor_sync(0xffffffffu, weights, 2);
         if (piece.num_blocks < 0) {
           inv[i] = lse[i] = NAN;
         } else if (sum > 0.f) {
-          inv[i] = 1.f / sum;
+          inv[i] = weights > 0.f ? 1.f / weights : 0.f;
           lse[i] = (row_max[i] - kBias + __log2f(sum)) * 0.69314718055994530942f;
         } else {
           inv[i] = 0.f;
