@@ -14,9 +14,14 @@ namespace {
 
 // Error bounds. BF16: probabilities and outputs are BF16-rounded (measured: a few 1e-3).
 // FP8: probabilities are rounded to e4m3 (3 mantissa bits) before P·V (measured: ~2e-2).
-// A layout or masking bug gives errors of order 1.
+// A layout or masking bug gives output errors of order 1 (BF16 shares the masking code and
+// checks it to 1e-2).
+// LSE: FP8 wgmma keeps only about 14 significant bits while it accumulates the 576-term
+// scores, so the LSE error grows with the scores' size: ~1e-3 at the usual softmax scale, up to
+// 1.5-2e-2 measured on SharpSoftmax (scores of tens, H200, 2026-11-30). A wrong bias, maximum
+// or scale moves the LSE by whole units.
 double output_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 6e-2 : 1e-2; }
-double lse_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 2e-2 : 2e-3; }
+double lse_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 4e-2 : 2e-3; }
 
 struct DecodeResult {
   HostTensor out, lse;
