@@ -31,7 +31,9 @@ done
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader \
   > "$logs/gpu.txt" 2>&1 || true
-commit=$(git -C "$root" describe --always --dirty 2>/dev/null || cat "$build/commit.txt" 2>/dev/null || echo unknown)
+# The binaries' commit is what the build recorded (build/commit.txt, written when it is made);
+# the tree's own git state on the GPU machine may lag behind the copied files.
+commit=$(cat "$build/commit.txt" 2>/dev/null || echo "unknown (no $build/commit.txt)")
 summary+=("gpu: $(head -1 "$logs/gpu.txt")  build of: $commit")
 
 status=0
@@ -62,7 +64,7 @@ if [ "$sanitize" = 1 ]; then
       --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*' > "$logs/sanitize_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
-    summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E 'ERROR SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
+    summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E '(ERROR|RACECHECK) SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
   done
 fi
 
