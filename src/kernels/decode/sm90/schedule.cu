@@ -6,8 +6,9 @@ namespace speedmla::kernels::decode_sm90 {
 namespace {
 
 constexpr int kScheduleThreads = 1024;
-// Part sizes weighed by the plan: the even split and kCandidates - 1 larger ones, up to an
-// eighth larger.
+// Part sizes weighed by the plan: the even split and the kCandidates - 1 next ones in steps of
+// max(1, even / kCandidateSpan), so up to an eighth larger for long parts and up to 31 units
+// larger for short ones (where fewer, longer parts may pay: the cost model decides).
 constexpr int kCandidates = 32;
 constexpr int kCandidateSpan = 8 * kCandidates;  // step = even split / kCandidateSpan
 
@@ -52,7 +53,7 @@ __device__ int block_exclusive_scan(int value, int* total) {
 // requests wherever a boundary falls, and every cut costs two partial results: written by the
 // main kernel, read back by the combine kernel (at 64 rows and B = 128, cutting nearly every
 // request made the operation 10-15% slower than whole requests per part). So the plan weighs
-// a few part sizes a little above the even split, each by its longest part plus what its
+// part sizes from the even split up (kCandidates), each by its longest part plus what its
 // cuts cost (p.slot_cost_blocks per slot, two per boundary inside a request), and takes the
 // cheapest. A batch of equal lengths then gets whole requests per part, and a mixed batch
 // the even split unless boundaries can cheaply move to requests' starts.
