@@ -107,7 +107,8 @@ struct DecodeKernel {
   // partial row sums, and the rows' new maxima (one float per row).
   static constexpr int kProbGroups = kPRegs / 4;  // 16-byte pieces of a lane's P
   static constexpr int kMessageProbBytes = 4 * kProbGroups * 32 * 16;
-  static constexpr int kMessageSumBytes = kWarpgroupThreads * 8 * (Traits::kFp8 ? 2 : 1);  // RowSums
+  // RowSums::exact of each thread, then (FP8 only: BF16's are the same) RowSums::weights.
+  static constexpr int kMessageSumBytes = kWarpgroupThreads * 8 * (Traits::kFp8 ? 2 : 1);
   static constexpr int kMessageMaxBytes = kTileRows * 4;
 
   // Shared memory map, offsets from a 1024-byte aligned base (swizzle atoms need it).
@@ -140,7 +141,7 @@ struct DecodeKernel {
     uint8_t* k;
     uint8_t* vt;
     uint4* message_probs;
-    float2* message_sums;  // [exact sums of each thread] then, for FP8, [weights of each thread]
+    float2* message_sums;
     float* message_max;
     uint64_t* full;     // [kKStages]   TMA bytes landed
     uint64_t* kfree;    // [kKStages]   K stage may be overwritten

@@ -23,9 +23,10 @@ inline size_t align_up(size_t value, size_t alignment) {
 }
 
 // One CTA per SM: the row tiles of a request run side by side (they share its KV through L2),
-// and each row tile's work is cut into num_parts equal pieces of the batch's unit sequence.
+// and each row tile's work is cut into runs of equal length of the batch's unit sequence, at
+// most num_parts of them (the schedule kernel picks the length, never below the even split).
 // A request cut into k > 1 pieces stores k partial results. Every cut inside a request adds at
-// most two such results (one per side), and there are num_parts - 1 cuts, so
+// most two such results (one per side), and there are at most num_parts - 1 cuts, so
 // 2 * (num_parts - 1) slots always suffice, whatever the sequence lengths.
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
   WorkspaceLayout w;
