@@ -6,22 +6,19 @@
 #   scripts/ab-decode.sh "BENCH ARGS" BUILD_DIR...
 #
 # Each BUILD_DIR needs speedmla_gpu_tests and speedmla-bench (a full build folder or just the
-# two binaries). Logs go under $OUT (or /tmp/ab-decode), one folder per build.
+# two binaries). Logs go under $OUT (or /tmp/ab-decode), one folder per build; the tests are
+# gpu-check.sh's (--tests-only --filter '*Decode*').
 set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench_args="$1"; shift
 logs="${OUT:-/tmp/ab-decode}"
 rounds="${AB_ROUNDS:-2}"
 for build in "$@"; do
   name=$(basename "$build")
-  mkdir -p "$logs/$name"
-  timeout 300 stdbuf -oL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter='*Decode*' \
-    > "$logs/$name/tests.log" 2>&1
-  echo "$name tests (rc=$?): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logs/$name/tests.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/$name/tests.log" | head -10
-  for dtype in float8_e4m3fn bfloat16; do
-    worst=$(grep "^\[ decode \] $dtype" "$logs/$name/tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1/' | sort -g | tail -1)
-    [ -n "$worst" ] && echo "  $dtype worst rel L2 $worst"
-  done
+  echo "== $name"
+  # gpu-check's decode tests and its summary (pass/fail counts, worst errors per type).
+  SPEEDMLA_BUILD_DIR="$build" OUT="$logs/$name" "$root/scripts/gpu-check.sh" --tests-only --filter '*Decode*' |
+    sed '1,/gpu-check summary/d'
 done
 for round in $(seq "$rounds"); do
   for build in "$@"; do
