@@ -11,16 +11,9 @@ constexpr int kScheduleThreads = 1024;
 // larger for short ones (where fewer, longer parts may pay: the cost model decides).
 constexpr int kCandidates = 32;
 constexpr int kCandidateSpan = 8 * kCandidates;  // step = even split / kCandidateSpan
-
-// The last request whose first unit is <= unit (plans' first units increase strictly).
-__device__ int request_at_unit(const DecodeParams& p, int unit) {
-  int lo = 0, hi = p.batch - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.plans[mid].first_unit <= unit) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
+// Batches up to this size keep their requests' first units in shared memory (16 KB) while the
+// plan weighs part sizes; larger ones read them back from p.plans.
+constexpr int kStagedRequests = 4096;
 
 // Exclusive prefix sum of one value per thread across the CTA; returns the thread's offset
 // and stores the CTA total in *total.
@@ -59,36 +52,47 @@ __device__ int block_exclusive_scan(int value, int* total) {
 // the even split unless boundaries can cheaply move to requests' starts.
 // A boundary k * units lies inside a request unless some request starts there, so a size's
 // cuts are its boundaries less the requests whose first unit it divides. Warp c weighs
-// candidate c, reading the first units from p.plans. (Counting per thread over its own
-// requests, 32 candidates each, took the kernel from 5 to 19 us on the H200.)
-__device__ int choose_units_per_part(const DecodeParams& p, int total_units) {
-  static_assert(kCandidates == kScheduleThreads / 32, "one warp per candidate");
+// candidate c; then every warp finds the cheapest itself (no second CTA barrier). This kernel
+// is on the operation's critical path: counting per thread over its own requests, 32
+// candidates each, took it from 5 to 19 us on the H200.
+__device__ int choose_units_per_part(const DecodeParams& p, int total_units, const int* staged_first_units) {
+  static_assert(kCandidates == 32 && kScheduleThreads / 32 >= kCandidates, "one warp per candidate");
   __shared__ float cost[kCandidates];
-  __shared__ int chosen;
   const int even = max(1, (total_units + p.num_parts - 1) / p.num_parts);
   const int step = max(1, even / kCandidateSpan);
   const int lane = threadIdx.x % 32, candidate = threadIdx.x / 32;
-  const int units = even + candidate * step;
-  int aligned = 0;  // requests after the first that start on a boundary
-  for (int b = 1 + lane; b < p.batch; b += 32) aligned += p.plans[b].first_unit % units == 0 ? 1 : 0;
-  for (int d = 16; d > 0; d /= 2) aligned += __shfl_xor_sync(0xffffffffu, aligned, d);
-  if (lane == 0) {
-    const int inside = (total_units + units - 1) / units - 1 - aligned;
-    cost[candidate] = units + 2.f * inside * p.slot_cost_blocks;
+  if (candidate < kCandidates) {
+    const int units = even + candidate * step;
+    int aligned = 0;  // requests after the first that start on a boundary
+    for (int b = 1 + lane; b < p.batch; b += 32) {
+      const int first_unit = staged_first_units != nullptr ? staged_first_units[b] : p.plans[b].first_unit;
+      aligned += first_unit % units == 0 ? 1 : 0;
+    }
+    for (int d = 16; d > 0; d /= 2) aligned += __shfl_xor_sync(0xffffffffu, aligned, d);
+    if (lane == 0) {
+      const int inside = (total_units + units - 1) / units - 1 - aligned;
+      cost[candidate] = units + 2.f * inside * p.slot_cost_blocks;
+    }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int best = 0;
-    for (int c = 1; c < kCandidates; ++c)
-      if (cost[c] < cost[best]) best = c;
-    chosen = even + best * step;
+  // The cheapest candidate, the smallest of equals.
+  float best_cost = cost[lane];
+  int best = lane;
+  for (int d = 16; d > 0; d /= 2) {
+    const float other_cost = __shfl_xor_sync(0xffffffffu, best_cost, d);
+    const int other = __shfl_xor_sync(0xffffffffu, best, d);
+    if (other_cost < best_cost || (other_cost == best_cost && other < best)) {
+      best_cost = other_cost;
+      best = other;
+    }
   }
-  __syncthreads();
-  return chosen;
+  return even + best * step;
 }
 
 // Each thread owns a contiguous run of requests; a scan gives every request its first unit,
-// a second (once the part size is chosen) its first partial-result slot.
+// a second (once the part size is chosen) its first partial-result slot. Each request then
+// names itself the first request of the parts that start inside it: every part with work
+// starts inside exactly one request, and no thread has to search for it.
 // Launched in plain stream order (the previous operation's kernels may still read the plan
 // it rewrites), it lets the main kernel launch at once: that kernel's set-up overlaps this one.
 __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(DecodeParams p) {
@@ -101,12 +105,15 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
   for (int b = begin; b < end; ++b) my_units += request_units(request_num_blocks(p, p.seq_lens[b]));
   int total_units = 0;
   const int unit_offset = block_exclusive_scan(my_units, &total_units);
+  __shared__ int staged_first_units[kStagedRequests];
+  int* staged = p.batch <= kStagedRequests ? staged_first_units : nullptr;
   for (int b = begin, unit = unit_offset; b < end; ++b) {
-    p.plans[b].first_unit = unit;
+    if (staged != nullptr) staged[b] = unit;
+    else p.plans[b].first_unit = unit;
     unit += request_units(request_num_blocks(p, p.seq_lens[b]));
   }
   __syncthreads();  // first units are visible to the whole CTA from here
-  const int units_per_part = choose_units_per_part(p, total_units);
+  const int units_per_part = choose_units_per_part(p, total_units, staged);
 
   // Requests cut into several parts need one slot per piece.
   int my_slots = 0;
@@ -125,18 +132,17 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
     plan.num_blocks = request_num_blocks(p, p.seq_lens[b]);
     plan.first_part = unit / units_per_part;
     const int units = request_units(plan.num_blocks);
-    const int splits = (unit + units - 1) / units_per_part - plan.first_part + 1;
+    const int last_part = (unit + units - 1) / units_per_part;
+    const int splits = last_part - plan.first_part + 1;
     plan.split_slot = splits > 1 ? slot : -1;
     slot += splits > 1 ? splits : 0;
     p.plans[b] = plan;
+    // Parts whose first unit lies in [unit, unit + units).
+    for (int part = (unit + units_per_part - 1) / units_per_part; part <= last_part; ++part)
+      p.part_first_request[part] = b;
     unit += units;
   }
   if (threadIdx.x == 0) *p.plan_header = PlanHeader{total_units, units_per_part};
-  __syncthreads();  // plans are visible to the whole CTA from here
-
-  // The request holding each part's first unit.
-  for (int part = threadIdx.x; part < p.num_parts; part += kScheduleThreads)
-    p.part_first_request[part] = request_at_unit(p, part * units_per_part);
 }
 
 }  // namespace
