@@ -501,6 +501,19 @@ struct DecodeKernel {
     }
   }
 
+  // Reduces row i's 16 accumulator registers of a thread (4n + 2i and 4n + 2i + 1) pairwise.
+  template <typename Op>
+  static __device__ float tree_reduce(const float (&scores)[32], int i, Op op) {
+    float v[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) v[n] = op(scores[4 * n + 2 * i], scores[4 * n + 2 * i + 1]);
+#pragma unroll
+    for (int width = 4; width >= 1; width /= 2)
+#pragma unroll
+      for (int k = 0; k < width; ++k) v[k] = op(v[k], v[k + width]);
+    return v[0];
+  }
+
   // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
   // and turns the scores into probabilities against the new row maxima (returned). A row's
   // max moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs
@@ -521,12 +534,11 @@ struct DecodeKernel {
           if (token >= limit[1]) scores[4 * n + 2 + e] = -INFINITY;
         }
     }
-    float block_max[2] = {-INFINITY, -INFINITY};
+    // Maxima and sums as trees (depth 4 instead of 16 dependent instructions): the softmax is
+    // on the path from one block's scores to the next P·V.
+    float block_max[2];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      block_max[0] = fmaxf(block_max[0], fmaxf(scores[4 * n], scores[4 * n + 1]));
-      block_max[1] = fmaxf(block_max[1], fmaxf(scores[4 * n + 2], scores[4 * n + 3]));
-    }
+    for (int i = 0; i < 2; ++i) block_max[i] = tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); });
     float exponent_base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -537,16 +549,12 @@ struct DecodeKernel {
       new_max[i] = block_max_log2 > row_max[i] + Traits::kMaxSlackLog2 ? block_max_log2 : row_max[i];
       // A row that has seen no key yet keeps max -inf: its exponents are of -inf.
       exponent_base[i] = new_max[i] == -INFINITY ? 0.f : new_max[i] - kBias;
-      block_sums.exact[i] = 0.f;
     }
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int r = 0; r < 32; ++r)
+      scores[r] = sm90::fast_exp2(fmaf(scores[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        scores[4 * n + e] = sm90::fast_exp2(fmaf(scores[4 * n + e], score_scale_log2, -exponent_base[i]));
-        block_sums.exact[i] += scores[4 * n + e];
-      }
+    for (int i = 0; i < 2; ++i) block_sums.exact[i] = tree_reduce(scores, i, [](float a, float b) { return a + b; });
     if constexpr (!Traits::kFp8) {
       block_sums.weights[0] = block_sums.exact[0];
       block_sums.weights[1] = block_sums.exact[1];
