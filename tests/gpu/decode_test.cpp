@@ -149,6 +149,12 @@ TEST_P(DecodeGpu, SplitFreeLargeBatch) {
   check_case(spec_for(dtype(), 1024, 1, 16, 64, 1, 256, seed()));
 }
 
+TEST_P(DecodeGpu, BatchBeyondThePlannersSharedMemory) {
+  // More requests than the schedule kernel keeps in shared memory (kStagedRequests = 4096 in
+  // schedule.cu): the plan then weighs part sizes from the first units in global memory.
+  check_case(spec_for(dtype(), 5000, 1, 16, 64, 1, 300, seed()));
+}
+
 TEST_P(DecodeGpu, EqualLengthsAboutOneRequestPerSm) {
   // The plan keeps whole requests per part here (a part size just above the even split cuts
   // nothing); one shorter request moves every later boundary, and the plan must still hold.
