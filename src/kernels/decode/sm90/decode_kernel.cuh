@@ -232,6 +232,8 @@ struct DecodeKernel {
   // Transposes one half of the block's values (half 0 = dims 0..255, half 1 = 256..511): warp
   // w of the consumer takes token group w, in 8 steps of 32 dims. kMasked: the block has
   // tokens past seq_len (valid < 64), which become zeros.
+  // Transpose steps whose loads are in flight together (8 spills at 240 registers).
+  static constexpr int kTransposeBatch = 4;
   template <bool kMasked>
   static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
                                           int lane) {
@@ -253,15 +255,26 @@ struct DecodeKernel {
       keep = (first < valid ? 0xffu : 0u) | (first + 1 < valid ? 0xff00u : 0u) | (first + 8 < valid ? 0xff0000u : 0u) |
              (first + 9 < valid ? 0xff000000u : 0u);
     }
+    // Steps (dims 32 step .. 32 step + 31 of the half) in batches whose loads are all issued
+    // before the batch's stores: a load may not pass an earlier store (to the compiler they
+    // might alias), so one load per store would put a shared-memory latency on every step.
 #pragma unroll
-    for (int step = 0; step < 8; ++step) {  // dims 32 step .. 32 step + 31 of the half
-      const uint4 in = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
-      uint4 out;
-      out.x = sm90::byte_perm(in.x, in.y, 0x6420u) & keep;
-      out.y = sm90::byte_perm(in.x, in.y, 0x7531u) & keep;
-      out.z = sm90::byte_perm(in.z, in.w, 0x6420u) & keep;
-      out.w = sm90::byte_perm(in.z, in.w, 0x7531u) & keep;
-      sm90::stmatrix_x4(store_base + step * 4 * kVtGroupStride, out);
+    for (int batch = 0; batch < 8; batch += kTransposeBatch) {
+      uint4 in[kTransposeBatch];
+#pragma unroll
+      for (int i = 0; i < kTransposeBatch; ++i) {
+        const int step = batch + i;
+        in[i] = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
+      }
+#pragma unroll
+      for (int i = 0; i < kTransposeBatch; ++i) {
+        uint4 out;
+        out.x = sm90::byte_perm(in[i].x, in[i].y, 0x6420u) & keep;
+        out.y = sm90::byte_perm(in[i].x, in[i].y, 0x7531u) & keep;
+        out.z = sm90::byte_perm(in[i].z, in[i].w, 0x6420u) & keep;
+        out.w = sm90::byte_perm(in[i].z, in[i].w, 0x7531u) & keep;
+        sm90::stmatrix_x4(store_base + (batch + i) * 4 * kVtGroupStride, out);
+      }
     }
   }
 
