@@ -189,34 +189,42 @@ struct DecodeKernel {
   // Producer: TMA loads
   // ---------------------------------------------------------------------------------------
 
+  // What the producer reads from global memory to load one block. It reads it one block
+  // ahead, so that the reads' latency (an L2 round trip at least) overlaps the wait for a free
+  // K stage instead of adding to every stage's turnaround.
+  struct BlockLoad {
+    int request, block, seq_len;
+    int first_page;  // the page holding the block's first token
+  };
+
+  static __device__ BlockLoad fetch_block_load(const DecodeParams& p, const BlockCursor& cursor) {
+    BlockLoad load;
+    load.request = cursor.piece().request;
+    load.block = cursor.block();
+    load.seq_len = p.seq_lens[load.request];
+    load.first_page =
+        p.block_table[load.request * p.block_table_stride + ((load.block * kBlockTokens) >> p.page_shift)];
+    return load;
+  }
+
   // Issues the loads of one 64-token block into K stage `stage`: every page that holds a
   // token below seq_len, all 9 column chunks of each.
-  static __device__ void load_block(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s,
-                                    int stage, const PartPiece& piece, int block, int seq_len) {
-    const int first_token = block * kBlockTokens;
-    const int valid = valid_tokens_in_block(seq_len, block);
+  static __device__ void load_block(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int stage,
+                                    const BlockLoad& load) {
+    const int first_token = load.block * kBlockTokens;
+    const int valid = valid_tokens_in_block(load.seq_len, load.block);
     const int box_tokens = min(p.page_size, kBlockTokens);
     const int boxes = (valid + box_tokens - 1) / box_tokens;
-    const int32_t* table = p.block_table + piece.request * p.block_table_stride;
+    const int32_t* table = p.block_table + load.request * p.block_table_stride;
     const int in_page = first_token & (p.page_size - 1);  // non-zero only for pages of 128
     sm90::mbarrier_arrive_expect_tx(&s.full[stage], boxes * box_tokens * kRowDim * kE);
     uint8_t* dst = s.k + stage * kTileBytes;
     for (int box = 0; box < boxes; ++box) {
-      const int page = table[(first_token >> p.page_shift) + box];
+      const int page = box == 0 ? load.first_page : table[(first_token >> p.page_shift) + box];
 #pragma unroll
       for (int c = 0; c < kNumChunks; ++c)
         sm90::tma_load_3d(dst + c * kChunkBytes + box * box_tokens * kChunkRowBytes, kv_map,
                           &s.full[stage], c * kChunkDims, in_page, page);
-    }
-  }
-
-  // Keeps up to kKStages blocks in flight ahead of the consumers.
-  static __device__ void issue_loads_until(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s,
-                                           BlockCursor& cursor, int& issued, int limit) {
-    for (; cursor.valid() && issued < limit; cursor.advance(), ++issued) {
-      const int stage = issued % kKStages;
-      sm90::mbarrier_wait(&s.kfree[stage], ((issued / kKStages) & 1) ^ 1);
-      load_block(p, kv_map, s, stage, cursor.piece(), cursor.block(), p.seq_lens[cursor.piece().request]);
     }
   }
 
@@ -232,6 +240,8 @@ struct DecodeKernel {
   // Transposes one half of the block's values (half 0 = dims 0..255, half 1 = 256..511): warp
   // w of the consumer takes token group w, in 8 steps of 32 dims. kMasked: the block has
   // tokens past seq_len (valid < 64), which become zeros.
+  // Transpose steps whose loads are in flight together (8 spills at 240 registers).
+  static constexpr int kTransposeBatch = 4;
   template <bool kMasked>
   static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
                                           int lane) {
@@ -253,24 +263,43 @@ struct DecodeKernel {
       keep = (first < valid ? 0xffu : 0u) | (first + 1 < valid ? 0xff00u : 0u) | (first + 8 < valid ? 0xff0000u : 0u) |
              (first + 9 < valid ? 0xff000000u : 0u);
     }
+    // Steps (dims 32 step .. 32 step + 31 of the half) in batches whose loads are all issued
+    // before the batch's stores: a load may not pass an earlier store (to the compiler they
+    // might alias), so one load per store would put a shared-memory latency on every step.
 #pragma unroll
-    for (int step = 0; step < 8; ++step) {  // dims 32 step .. 32 step + 31 of the half
-      const uint4 in = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
-      uint4 out;
-      out.x = sm90::byte_perm(in.x, in.y, 0x6420u) & keep;
-      out.y = sm90::byte_perm(in.x, in.y, 0x7531u) & keep;
-      out.z = sm90::byte_perm(in.z, in.w, 0x6420u) & keep;
-      out.w = sm90::byte_perm(in.z, in.w, 0x7531u) & keep;
-      sm90::stmatrix_x4(store_base + step * 4 * kVtGroupStride, out);
+    for (int batch = 0; batch < 8; batch += kTransposeBatch) {
+      uint4 in[kTransposeBatch];
+#pragma unroll
+      for (int i = 0; i < kTransposeBatch; ++i) {
+        const int step = batch + i;
+        in[i] = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
+      }
+#pragma unroll
+      for (int i = 0; i < kTransposeBatch; ++i) {
+        uint4 out;
+        out.x = sm90::byte_perm(in[i].x, in[i].y, 0x6420u) & keep;
+        out.y = sm90::byte_perm(in[i].x, in[i].y, 0x7531u) & keep;
+        out.z = sm90::byte_perm(in[i].z, in[i].w, 0x6420u) & keep;
+        out.w = sm90::byte_perm(in[i].z, in[i].w, 0x7531u) & keep;
+        sm90::stmatrix_x4(store_base + (batch + i) * 4 * kVtGroupStride, out);
+      }
     }
   }
 
-  // One thread issues all loads; the other producer threads have nothing to do.
+  // One thread issues all loads, up to kKStages blocks ahead of the consumers; the other
+  // producer threads have nothing to do.
   static __device__ void producer(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
     if (threadIdx.x % kWarpgroupThreads == 0) {
-      BlockCursor load_cursor(p, part);
-      int issued = 0;
-      issue_loads_until(p, kv_map, s, load_cursor, issued, 0x7fffffff);
+      BlockCursor cursor(p, part);
+      BlockLoad next = cursor.valid() ? fetch_block_load(p, cursor) : BlockLoad{};
+      for (int issued = 0; cursor.valid(); ++issued) {
+        const BlockLoad load = next;
+        cursor.advance();
+        if (cursor.valid()) next = fetch_block_load(p, cursor);
+        const int stage = issued % kKStages;
+        sm90::mbarrier_wait(&s.kfree[stage], ((issued / kKStages) & 1) ^ 1);
+        load_block(p, kv_map, s, stage, load);
+      }
     }
   }
 
