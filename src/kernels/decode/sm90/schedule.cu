@@ -56,23 +56,21 @@ __device__ int block_exclusive_scan(int value, int* total) {
 // is on the operation's critical path: counting per thread over its own requests, 32
 // candidates each, took it from 5 to 19 us on the H200.
 __device__ int choose_units_per_part(const DecodeParams& p, int total_units, const int* staged_first_units) {
-  static_assert(kCandidates == 32 && kScheduleThreads / 32 >= kCandidates, "one warp per candidate");
+  static_assert(kCandidates == 32 && kScheduleThreads / 32 == kCandidates, "one warp per candidate");
   __shared__ float cost[kCandidates];
   const int even = max(1, (total_units + p.num_parts - 1) / p.num_parts);
   const int step = max(1, even / kCandidateSpan);
   const int lane = threadIdx.x % 32, candidate = threadIdx.x / 32;
-  if (candidate < kCandidates) {
-    const int units = even + candidate * step;
-    int aligned = 0;  // requests after the first that start on a boundary
-    for (int b = 1 + lane; b < p.batch; b += 32) {
-      const int first_unit = staged_first_units != nullptr ? staged_first_units[b] : p.plans[b].first_unit;
-      aligned += first_unit % units == 0 ? 1 : 0;
-    }
-    for (int d = 16; d > 0; d /= 2) aligned += __shfl_xor_sync(0xffffffffu, aligned, d);
-    if (lane == 0) {
-      const int inside = (total_units + units - 1) / units - 1 - aligned;
-      cost[candidate] = units + 2.f * inside * p.slot_cost_blocks;
-    }
+  const int units = even + candidate * step;
+  int aligned = 0;  // requests after the first that start on a boundary
+  for (int b = 1 + lane; b < p.batch; b += 32) {
+    const int first_unit = staged_first_units != nullptr ? staged_first_units[b] : p.plans[b].first_unit;
+    aligned += first_unit % units == 0 ? 1 : 0;
+  }
+  for (int d = 16; d > 0; d /= 2) aligned += __shfl_xor_sync(0xffffffffu, aligned, d);
+  if (lane == 0) {
+    const int inside = (total_units + units - 1) / units - 1 - aligned;
+    cost[candidate] = units + 2.f * inside * p.slot_cost_blocks;
   }
   __syncthreads();
   // The cheapest candidate, the smallest of equals.
@@ -115,30 +113,37 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
   __syncthreads();  // first units are visible to the whole CTA from here
   const int units_per_part = choose_units_per_part(p, total_units, staged);
 
-  // Requests cut into several parts need one slot per piece.
+  // The thread's plans, all but the slot; requests cut into several parts need one slot per
+  // piece.
+  auto plan_of = [&](int b, int unit) {
+    RequestPlan plan;
+    plan.first_unit = unit;
+    plan.num_blocks = request_num_blocks(p, p.seq_lens[b]);
+    plan.first_part = unit / units_per_part;
+    plan.split_slot = -1;
+    return plan;
+  };
   int my_slots = 0;
   for (int b = begin, unit = unit_offset; b < end; ++b) {
-    const int units = request_units(request_num_blocks(p, p.seq_lens[b]));
-    const int splits = (unit + units - 1) / units_per_part - unit / units_per_part + 1;
+    const RequestPlan plan = plan_of(b, unit);
+    const int splits = request_num_splits(plan, units_per_part);
     my_slots += splits > 1 ? splits : 0;
-    unit += units;
+    unit += request_units(plan.num_blocks);
   }
   int total_slots = 0;
   int slot = block_exclusive_scan(my_slots, &total_slots);
 
   for (int b = begin, unit = unit_offset; b < end; ++b) {
-    RequestPlan plan;
-    plan.first_unit = unit;
-    plan.num_blocks = request_num_blocks(p, p.seq_lens[b]);
-    plan.first_part = unit / units_per_part;
-    const int units = request_units(plan.num_blocks);
-    const int last_part = (unit + units - 1) / units_per_part;
-    const int splits = last_part - plan.first_part + 1;
-    plan.split_slot = splits > 1 ? slot : -1;
-    slot += splits > 1 ? splits : 0;
+    RequestPlan plan = plan_of(b, unit);
+    const int splits = request_num_splits(plan, units_per_part);
+    if (splits > 1) {
+      plan.split_slot = slot;
+      slot += splits;
+    }
     p.plans[b] = plan;
     // Parts whose first unit lies in [unit, unit + units).
-    for (int part = (unit + units_per_part - 1) / units_per_part; part <= last_part; ++part)
+    const int units = request_units(plan.num_blocks);
+    for (int part = (unit + units_per_part - 1) / units_per_part; part < plan.first_part + splits; ++part)
       p.part_first_request[part] = b;
     unit += units;
   }
