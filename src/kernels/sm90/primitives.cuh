@@ -21,6 +21,22 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t address) {
 __device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(address));
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t address, float2 v) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(v.x), "f"(v.y));
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t address) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(uint32_t address, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v));
+}
 
 // 16 bytes from global to shared memory, asynchronously and through no register (cached in L2
 // only). With src_bytes < 16 the rest of the 16 bytes are zeros (0: nothing is read).

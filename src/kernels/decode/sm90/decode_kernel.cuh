@@ -630,6 +630,10 @@ struct DecodeKernel {
     uint32_t my_probs[kPRegs], their_probs[kPRegs];
     int j = 0;        // block counter over the CTA's whole sequence (the same in every warpgroup)
     int message = 0;  // messages on this warp pair's channel
+    // This thread's message slots (shared-window addresses: the Smem pointers are generic).
+    const uint32_t sum_slot = sm90::smem_u32(s.message_sums + threadIdx.x % kWarpgroupThreads);
+    const uint32_t max_slot[2] = {sm90::smem_u32(s.message_max + rows.local[0]),
+                                  sm90::smem_u32(s.message_max + rows.local[1])};
 
     auto send = [&](const float (&new_max)[2], const RowSums& block_sums) {
       if (message > 0) sm90::mbarrier_wait(&s.channel_free[warp], (message - 1) & 1);
@@ -637,13 +641,12 @@ struct DecodeKernel {
       for (int g = 0; g < kProbGroups; ++g)
         sm90::st_shared_v4(message_prob_slot(s, g),
                            make_uint4(my_probs[4 * g], my_probs[4 * g + 1], my_probs[4 * g + 2], my_probs[4 * g + 3]));
-      s.message_sums[threadIdx.x % kWarpgroupThreads] = make_float2(block_sums.exact[0], block_sums.exact[1]);
+      sm90::st_shared_f32x2(sum_slot, make_float2(block_sums.exact[0], block_sums.exact[1]));
       if constexpr (Traits::kFp8)
-        s.message_sums[kWarpgroupThreads + threadIdx.x % kWarpgroupThreads] =
-            make_float2(block_sums.weights[0], block_sums.weights[1]);
+        sm90::st_shared_f32x2(sum_slot + kWarpgroupThreads * 8, make_float2(block_sums.weights[0], block_sums.weights[1]));
       if (lane % 4 == 0) {
-        s.message_max[rows.local[0]] = new_max[0];
-        s.message_max[rows.local[1]] = new_max[1];
+        sm90::st_shared_f32(max_slot[0], new_max[0]);
+        sm90::st_shared_f32(max_slot[1], new_max[1]);
       }
       sm90::mbarrier_arrive(&s.channel[warp]);
       ++message;
@@ -658,12 +661,11 @@ struct DecodeKernel {
         their_probs[4 * g + 2] = v.z;
         their_probs[4 * g + 3] = v.w;
       }
-      const float2 exact = s.message_sums[threadIdx.x % kWarpgroupThreads];
-      const float2 weights =
-          Traits::kFp8 ? s.message_sums[kWarpgroupThreads + threadIdx.x % kWarpgroupThreads] : exact;
+      const float2 exact = sm90::ld_shared_f32x2(sum_slot);
+      const float2 weights = Traits::kFp8 ? sm90::ld_shared_f32x2(sum_slot + kWarpgroupThreads * 8) : exact;
       block_sums = {{exact.x, exact.y}, {weights.x, weights.y}};
-      new_max[0] = s.message_max[rows.local[0]];
-      new_max[1] = s.message_max[rows.local[1]];
+      new_max[0] = sm90::ld_shared_f32(max_slot[0]);
+      new_max[1] = sm90::ld_shared_f32(max_slot[1]);
       sm90::mbarrier_arrive(&s.channel_free[warp]);
       ++message;
     };
