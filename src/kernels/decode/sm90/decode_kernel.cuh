@@ -55,6 +55,8 @@ struct Fp8Traits {
   // stages are released right after the scores and transposes, and the three stages keep
   // loads in flight while two blocks are being computed.
   static constexpr bool kSeesaw = true;
+  // A K stage lands and is released as a whole (after both consumers' transposes).
+  static constexpr int kLoadParts = 1;
   using ScoreMma = sm90::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
   using ValueMma = sm90::gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
 };
@@ -73,6 +75,11 @@ struct Bf16Traits {
   // (the seesaw) would leave no load in flight — measured 20-35% slower on the H200. In this
   // sequential pipeline the next block loads while the current one is computed.
   static constexpr bool kSeesaw = false;
+  // A K stage lands and is released in two parts, one per consumer: part 0 = value chunks
+  // 0-3 and the rope chunk (consumer 0, the scorer), part 1 = value chunks 4-7 (consumer 1).
+  // Consumer 1's P·V of a block runs on the tensor cores during the scorer's softmax of the
+  // next block, so its part is released last; the scorer reads part 0 of the next block first.
+  static constexpr int kLoadParts = 2;
   using ScoreMma = sm90::gmma::MMA_64x64x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read straight from the cache rows: N (value dims) is the contiguous dimension.
   using ValueMma = sm90::gmma::MMA_64x256x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
@@ -102,6 +109,14 @@ struct DecodeKernel {
 
   static constexpr int kKStages = Traits::kKStages;
   static constexpr int kVtStages = Traits::kVtStages;
+  static constexpr int kLoadParts = Traits::kLoadParts;
+
+  // The load part (see Traits::kLoadParts) holding column chunk c of a K stage, and the part
+  // holding the values of output half `half`.
+  static constexpr __device__ int part_of_chunk(int c) {
+    return kLoadParts == 1 ? 0 : (c >= kValueChunks / 2 && c < kValueChunks ? 1 : 0);
+  }
+  static constexpr __device__ int part_of_half(int half) { return kLoadParts == 1 ? 0 : half; }
 
   // Consumer message channel (one per warp pair): each lane's P fragment registers, its two
   // partial row sums, and the rows' new maxima (one float per row).
@@ -119,7 +134,7 @@ struct DecodeKernel {
   static constexpr int kMessageSumOffset = kMessageProbOffset + kMessageProbBytes;
   static constexpr int kMessageMaxOffset = kMessageSumOffset + kMessageSumBytes;
   static constexpr int kBarrierOffset = kMessageMaxOffset + kMessageMaxBytes;
-  static constexpr int kNumBarriers = 2 * kKStages + 2 * 4;
+  static constexpr int kNumBarriers = 2 * kKStages * kLoadParts + 2 * 4;
   static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "decode kernel shared memory exceeds the SM90 limit");
 
@@ -143,8 +158,8 @@ struct DecodeKernel {
     uint4* message_probs;
     float2* message_sums;
     float* message_max;
-    uint64_t* full;     // [kKStages]   TMA bytes landed
-    uint64_t* kfree;    // [kKStages]   K stage may be overwritten
+    uint64_t* full;     // [kKStages * kLoadParts]   TMA bytes of a stage's part landed
+    uint64_t* kfree;    // [kKStages * kLoadParts]   a stage's part may be overwritten
     uint64_t* channel;       // [4] per warp pair: a message was written
     uint64_t* channel_free;  // [4] per warp pair: the message was read
   };
@@ -159,18 +174,19 @@ struct DecodeKernel {
     s.message_sums = reinterpret_cast<float2*>(base + kMessageSumOffset);
     s.message_max = reinterpret_cast<float*>(base + kMessageMaxOffset);
     s.full = reinterpret_cast<uint64_t*>(base + kBarrierOffset);
-    s.kfree = s.full + kKStages;
-    s.channel = s.kfree + kKStages;
+    s.kfree = s.full + kKStages * kLoadParts;
+    s.channel = s.kfree + kKStages * kLoadParts;
     s.channel_free = s.channel + 4;
     return s;
   }
 
   static __device__ void init_barriers(const Smem& s) {
-    for (int i = 0; i < kKStages; ++i) {
+    for (int i = 0; i < kKStages * kLoadParts; ++i) {
       sm90::mbarrier_init(&s.full[i], 1);
-      // Readers of a K stage, one arrival per consumer warp once it is done with the stage:
-      // FP8 after its transpose (and the scorer's S before it), BF16 after its P·V.
-      sm90::mbarrier_init(&s.kfree[i], 8);
+      // Readers of a K stage part, one arrival per warp once it is done with the part: FP8
+      // both consumers after their transposes (the scorer's S before them), BF16 the part's
+      // consumer after its P·V (the scorer's S of the block completed before its message).
+      sm90::mbarrier_init(&s.kfree[i], kLoadParts == 1 ? 8 : 4);
     }
     // Every lane of the sending (reading) warp arrives: each orders its own shared-memory
     // accesses before the partner's, with no reliance on warp-synchronous cumulativity.
@@ -207,24 +223,29 @@ struct DecodeKernel {
     return load;
   }
 
-  // Issues the loads of one 64-token block into K stage `stage`: every page that holds a
-  // token below seq_len, all 9 column chunks of each.
-  static __device__ void load_block(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int stage,
-                                    const BlockLoad& load) {
+  // Issues the loads of one part of a 64-token block into K stage `stage`: every page that
+  // holds a token below seq_len, the part's column chunks of each.
+  static __device__ void load_block_part(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int stage,
+                                         int part, const BlockLoad& load) {
     const int first_token = load.block * kBlockTokens;
     const int valid = valid_tokens_in_block(load.seq_len, load.block);
     const int box_tokens = min(p.page_size, kBlockTokens);
     const int boxes = (valid + box_tokens - 1) / box_tokens;
     const int32_t* table = p.block_table + load.request * p.block_table_stride;
     const int in_page = first_token & (p.page_size - 1);  // non-zero only for pages of 128
-    sm90::mbarrier_arrive_expect_tx(&s.full[stage], boxes * box_tokens * kRowDim * kE);
+    int part_chunks = 0;
+#pragma unroll
+    for (int c = 0; c < kNumChunks; ++c) part_chunks += part_of_chunk(c) == part;
+    uint64_t* full = &s.full[stage * kLoadParts + part];
+    sm90::mbarrier_arrive_expect_tx(full, boxes * box_tokens * part_chunks * kChunkRowBytes);
     uint8_t* dst = s.k + stage * kTileBytes;
     for (int box = 0; box < boxes; ++box) {
       const int page = box == 0 ? load.first_page : table[(first_token >> p.page_shift) + box];
 #pragma unroll
       for (int c = 0; c < kNumChunks; ++c)
-        sm90::tma_load_3d(dst + c * kChunkBytes + box * box_tokens * kChunkRowBytes, kv_map,
-                          &s.full[stage], c * kChunkDims, in_page, page);
+        if (part_of_chunk(c) == part)
+          sm90::tma_load_3d(dst + c * kChunkBytes + box * box_tokens * kChunkRowBytes, kv_map, full, c * kChunkDims,
+                            in_page, page);
     }
   }
 
@@ -297,8 +318,11 @@ struct DecodeKernel {
         cursor.advance();
         if (cursor.valid()) next = fetch_block_load(p, cursor);
         const int stage = issued % kKStages;
-        sm90::mbarrier_wait(&s.kfree[stage], ((issued / kKStages) & 1) ^ 1);
-        load_block(p, kv_map, s, stage, load);
+#pragma unroll
+        for (int part = 0; part < kLoadParts; ++part) {
+          sm90::mbarrier_wait(&s.kfree[stage * kLoadParts + part], ((issued / kKStages) & 1) ^ 1);
+          load_block_part(p, kv_map, s, stage, part, load);
+        }
       }
     }
   }
@@ -382,20 +406,29 @@ struct DecodeKernel {
     }
   }
 
-  // S = Q·K^T for one K stage: 9 chunks x (64 / kMmaK) wgmma steps, each step's descriptors
-  // one 32-bit add away from the base ones. (A rolled loop makes ptxas fence and serialise
-  // the wgmmas.)
-  static __device__ void issue_scores(const Smem& s, int stage, float (&scores)[32]) {
+  // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
+  // wgmma steps, each step's descriptors one 32-bit add away from the base ones (a rolled
+  // loop makes ptxas fence and serialise the wgmmas), part by part as each part lands.
+  static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32]) {
+    const int stage = j % kKStages;
     const uint64_t q_desc = sm90::make_smem_desc(s.q, 16, kRowGroupBytes, Traits::kSwizzle);
     const uint64_t k_desc = sm90::make_smem_desc(s.k + stage * kTileBytes, 16, kRowGroupBytes, Traits::kSwizzle);
 #pragma unroll
-    for (int c = 0; c < kNumChunks; ++c)
+    for (int part = 0; part < kLoadParts; ++part) {
+      sm90::mbarrier_wait(&s.full[stage * kLoadParts + part], (j / kKStages) & 1);
+      sm90::wgmma_fence();
 #pragma unroll
-      for (int step = 0; step < kStepsPerChunk; ++step) {
-        const uint32_t offset = c * kChunkBytes + step * 32;
-        sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset), sm90::desc_advance(k_desc, offset),
-                                                scores, c + step > 0);
+      for (int c = 0; c < kNumChunks; ++c) {
+        if (part_of_chunk(c) != part) continue;
+#pragma unroll
+        for (int step = 0; step < kStepsPerChunk; ++step) {
+          const uint32_t offset = c * kChunkBytes + step * 32;
+          sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset),
+                                                  sm90::desc_advance(k_desc, offset), scores, c + step > 0);
+        }
       }
+    }
+    sm90::wgmma_commit();
   }
 
   // O_half += P·V_half for block j. half 0 = value dims 0..255, half 1 = 256..511.
@@ -427,7 +460,7 @@ struct DecodeKernel {
   // either value is harmless).
   static __device__ void prepare_values(const Smem& s, int j, int valid, int half) {
     const int stage = j % kKStages;
-    sm90::mbarrier_wait(&s.full[stage], (j / kKStages) & 1);
+    sm90::mbarrier_wait(&s.full[stage * kLoadParts + part_of_half(half)], (j / kKStages) & 1);
     if constexpr (Traits::kFp8) {
       const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
       const uint32_t k_stage = sm90::smem_u32(s.k + stage * kTileBytes);
@@ -436,7 +469,7 @@ struct DecodeKernel {
       else transpose_values<false>(k_stage, vt_stage, valid, half, warp, lane);
       sm90::fence_proxy_async_smem();
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&s.kfree[stage]);
+      if (lane == 0) sm90::mbarrier_arrive(&s.kfree[stage * kLoadParts]);
       sm90::named_barrier_sync(kBarConsumer0 + half, kWarpgroupThreads);
     } else if (valid < kBlockTokens) {
       const uint32_t values = sm90::smem_u32(s.k + stage * kTileBytes) + half * kValueChunks / 2 * kChunkBytes;
@@ -449,13 +482,12 @@ struct DecodeKernel {
     }
   }
 
-  // BF16: releases block j's K stage after the consumer's P·V of it (one arrival per warp);
-  // its scores, if it scored the block, completed before. FP8 released the stage after its
-  // transpose, and its V^T half is its own.
-  static __device__ void release_values(const Smem& s, int j) {
-    if constexpr (!Traits::kFp8) {
-      if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&s.kfree[j % kKStages]);
-    }
+  // BF16: releases this consumer's part of block j's K stage once its P·V of the block has
+  // completed (one arrival per warp). FP8 released the stage after its transposes, and its
+  // V^T half is its own.
+  static __device__ void release_values(const Smem& s, int j, int half) {
+    static_assert(!Traits::kFp8);
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&s.kfree[(j % kKStages) * kLoadParts + part_of_half(half)]);
   }
 
   // Probabilities of the accumulator layout -> A-operand fragments of the P·V wgmma.
@@ -621,7 +653,6 @@ struct DecodeKernel {
     // A consumer waits for its next scores' K stage right after its P·V: in the seesaw that
     // stage must not wait on the P·V (three K stages, values apart).
     static_assert(!kSeesaw || Traits::kFp8, "the seesaw needs V^T buffers apart from the K stages");
-    constexpr int kScoreStride = kSeesaw ? 2 : 1;  // from one block a consumer scores to its next
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const RowInfo rows = row_info(p, row_tile, warp, lane);
     constexpr float kBias = Traits::kProbabilityLog2Bias;
@@ -669,14 +700,7 @@ struct DecodeKernel {
       sm90::mbarrier_arrive(&s.channel_free[warp]);
       ++message;
     };
-    // Scores of block j_block: wait for its K stage and issue S = Q·K^T as one group.
-    auto issue_block_scores = [&](int j_block) {
-      const int stage = j_block % kKStages;
-      sm90::mbarrier_wait(&s.full[stage], (j_block / kKStages) & 1);
-      sm90::wgmma_fence();
-      issue_scores(s, stage, scores);
-      sm90::wgmma_commit();
-    };
+    auto issue_block_scores = [&](int j_block) { issue_scores(s, j_block, scores); };
     // Waits for every wgmma of this warpgroup. The register fences tell the compiler that the
     // accumulators and both P fragment sets are live up to here: a P·V reads its P registers
     // asynchronously, and were they shared with the scores (dead to the compiler once packed)
@@ -719,33 +743,53 @@ struct DecodeKernel {
         const int valid = valid_tokens_in_block(seq_len, block);
         float new_max[2];
         RowSums block_sums;
-        if (kSeesaw ? b % 2 == me : me == 0) {
-          // In flight: S(b) and P·V(b-1). Waiting for fewer groups than all, anywhere in this
-          // loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on these
-          // paths which group is the newest); the tensor cores run them in order anyway.
+        if constexpr (kSeesaw) {
+          if (b % 2 == me) {
+            // In flight: S(b) and P·V(b-1). Waiting for fewer groups than all, anywhere in
+            // this loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on
+            // these paths which group is the newest); the tensor cores run them in order anyway.
+            retire_wgmmas();
+            softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
+            pack_probabilities(scores, my_probs);
+            if constexpr (Traits::kFp8) sum_probability_weights(my_probs, block_sums);
+            send(new_max, block_sums);
+            prepare_values(s, j_block, valid, me);
+            advance_softmax(acc, row_max, row_sums, new_max, block_sums);
+            issue_block_values(j_block, my_probs);
+            if (b + 2 < num_blocks) issue_block_scores(j_block + 2);
+          } else {
+            // While the scorer runs its softmax: this half of the values.
+            prepare_values(s, j_block, valid, me);
+            retire_wgmmas();  // P·V(b-1) and S(b+1)
+            receive(new_max, block_sums);
+            advance_softmax(acc, row_max, row_sums, new_max, block_sums);
+            issue_block_values(j_block, their_probs);
+          }
+        } else if (me == 0) {
+          // The scorer. S(b) is the only group in flight. Its P·V of the block is retired at
+          // once so that its part of the stage loads the next-but-one block early; S(b+1)
+          // is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the block
+          // runs on the tensor cores during the softmax of b+1, not before S(b+1).
           retire_wgmmas();
-          if (b > 0) release_values(s, j_block - 1);
           softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
           pack_probabilities(scores, my_probs);
-          if constexpr (Traits::kFp8) sum_probability_weights(my_probs, block_sums);
-          send(new_max, block_sums);
           prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, my_probs);
-          if (b + kScoreStride < num_blocks) issue_block_scores(j_block + kScoreStride);
+          retire_wgmmas();
+          release_values(s, j_block, me);
+          if (b + 1 < num_blocks) issue_block_scores(j_block + 1);
+          send(new_max, block_sums);
         } else {
-          // While the scorer runs its softmax: this half of the values, then the release of
-          // the previous block (BF16: its K stage, so that the next load starts early).
-          prepare_values(s, j_block, valid, me);
-          retire_wgmmas();  // P·V(b-1); in the seesaw also S(b+1)
-          if (b > 0) release_values(s, j_block - 1);
           receive(new_max, block_sums);
+          prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, their_probs);
+          retire_wgmmas();
+          release_values(s, j_block, me);
         }
       }
       retire_wgmmas();
-      if (num_blocks > 0) release_values(s, j + num_blocks - 1);
       j += num_blocks;
 
       // Normalisers and LSE (natural log). Invalid seq_len: NaN rows.
