@@ -20,8 +20,8 @@ inline constexpr int kLatentDim = 512;
 inline constexpr int kRowDim = 576;
 inline constexpr int kHalfValueDim = 256;   // each consumer warpgroup owns half of the output
 
-// Three warpgroups: a producer (TMA loads; for FP8 also the V transpose) and two consumers.
-// Consumer 0 computes scores, softmax and output columns 0..255; consumer 1 output 256..511.
+// Three warpgroups: a producer (TMA loads) and two consumers, consumer c owning output
+// columns 256c..256c+255 (decode_kernel.cuh says who scores which block).
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = 3 * kWarpgroupThreads;
 

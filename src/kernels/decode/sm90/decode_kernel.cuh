@@ -5,23 +5,28 @@
 //
 //   warpgroup 0 (producer)   one thread issues TMA loads of whole cache rows (page by page)
 //                            into a ring of K stages.
-//   warpgroups 1 and 2       the consumers, in a seesaw: consumer c owns output columns
-//                            256c..256c+255 and scores every other block (block b of a piece is
-//                            scored by consumer b % 2: S = Q·K^T, online softmax in base 2). The
-//                            scorer hands P, the new row maxima and its partial row sums to the
-//                            other consumer; both then add P·V of their column half. While one
-//                            consumer runs its softmax the tensor cores run the other's GEMMs,
-//                            and the scoring work is shared evenly. FP8: each consumer first
-//                            transposes its half of the block's values into its own K-major V^T
-//                            buffer (FP8 wgmma reads both operands K-major only); eight warps
-//                            transposing keep up where the producer's four alone did not.
+//   warpgroups 1 and 2       the consumers: consumer c owns output columns 256c..256c+255. A
+//                            block's scorer computes S = Q·K^T and its online softmax (base 2)
+//                            and hands P, the new row maxima and its partial row sums to the
+//                            other consumer; both then add P·V of their column half.
+//                            FP8, a seesaw: block b of a piece is scored by consumer b % 2.
+//                            While one consumer runs its softmax the tensor cores run the
+//                            other's GEMMs, and the scoring work is shared evenly. Each consumer
+//                            first transposes its half of the block's values into its own
+//                            K-major V^T buffer (FP8 wgmma reads both operands K-major only);
+//                            eight warps transposing keep up where the producer's four alone
+//                            did not.
+//                            BF16, sequential: consumer 0 scores every block, and consumer 1's
+//                            P·V of a block runs during the softmax of the next (see
+//                            Bf16Traits and consumer_warpgroup).
 // Rows past seq_len in a sequence's last block hold whatever the cache holds there (NaN
 // included) and 0 * NaN would leak into P·V: FP8 writes zeros for them into V^T, BF16
 // consumers zero their half of those value rows in the K stage before their P·V.
 //
 // Synchronisation: mbarriers throughout — producer -> consumer data (full), consumer ->
-// producer stage release (kfree), and one message channel per warp pair (warp w of each
-// consumer owns the same 16 rows): see consumer_warpgroup.
+// producer stage release (kfree), both per K stage and load part (Traits::kLoadParts), and one
+// message channel per warp pair (warp w of each consumer owns the same 16 rows): see
+// consumer_warpgroup.
 #pragma once
 
 #include <cuda.h>
@@ -71,14 +76,14 @@ struct Bf16Traits {
   static constexpr float kProbabilityLog2Bias = 0.f;
   static constexpr float kMaxSlackLog2 = 8.f;  // P below 2^8: nowhere near BF16's range
   // Consumer 0 scores every block. Values are read from the K stage and only two stages fit:
-  // a block's stage is held until both consumers' P·V of it, so computing two blocks at once
-  // (the seesaw) would leave no load in flight — measured 20-35% slower on the H200. In this
-  // sequential pipeline the next block loads while the current one is computed.
+  // a block's values are held until both consumers' P·V of it, so computing two blocks at once
+  // (the seesaw) would leave no load in flight — measured 20-35% slower on the H200.
   static constexpr bool kSeesaw = false;
   // A K stage lands and is released in two parts, one per consumer: part 0 = value chunks
   // 0-3 and the rope chunk (consumer 0, the scorer), part 1 = value chunks 4-7 (consumer 1).
-  // Consumer 1's P·V of a block runs on the tensor cores during the scorer's softmax of the
-  // next block, so its part is released last; the scorer reads part 0 of the next block first.
+  // The tensor cores run S(b+1) before consumer 1's P·V(b), which overlaps the softmax of b+1
+  // (10 % faster at H = 128 than a whole stage held until both P·Vs, on the H200); part 1 is
+  // then released last, and S(b+1) reads part 0 first.
   static constexpr int kLoadParts = 2;
   using ScoreMma = sm90::gmma::MMA_64x64x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read straight from the cache rows: N (value dims) is the contiguous dimension.
@@ -640,8 +645,10 @@ struct DecodeKernel {
 
   // A consumer warpgroup (`me` = 0 or 1): output columns 256·me .. 256·me+255 of every block,
   // and the scores and softmax of the blocks it scores: b % 2 == me in the seesaw (FP8),
-  // all blocks for consumer 0 otherwise (BF16). Right after its P·V of a scored block a
-  // consumer issues the scores of its next one, so they run during the other's softmax.
+  // all blocks for consumer 0 otherwise (BF16). Seesaw: right after its P·V of a scored block
+  // a consumer issues the scores of its next one, so they run during the other's softmax.
+  // BF16: the scorer sends P(b) only after issuing S(b+1), so that the tensor cores run
+  // consumer 1's P·V(b) during the softmax of b+1.
   //
   // Messages. Warp w of each consumer owns the same 16 rows, and the lane layouts match, so a
   // block's scorer hands its P fragments, partial row sums and new row maxima lane by lane to
