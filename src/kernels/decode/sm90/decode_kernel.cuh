@@ -788,6 +788,12 @@ struct DecodeKernel {
           if (b + 1 < num_blocks) issue_block_scores(j_block + 1);
           send(new_max, block_sums);
         } else {
+          // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
+          // block), but ptxas merges this path with the scorer's, which ends with S(b+1) in
+          // flight, and would put a wait for it inside the rescale that only some warps run: a
+          // warpgroup instruction the warps would not execute together. This uniform wait
+          // (immediate) lets it prove the rescale safe.
+          sm90::wgmma_wait<0>();
           receive(new_max, block_sums);
           prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);
