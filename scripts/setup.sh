@@ -13,15 +13,22 @@ TVM_FFI_VERSION=0.1.15.post2     # PyPI apache-tvm-ffi: DLPack header + the Pyth
 GTEST_DEBIAN_VERSION=1.12.1-0.2  # Debian libgtest-dev
 NUMPY_VERSION=2.2.6              # PyPI numpy: Python tests' reference
 PYTEST_VERSION=8.3.5             # PyPI pytest
+# PyPI nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm: the decode kernels' SASS for
+# tests/sass/check_decode_sass.py (PyPI has no 13.0 release; 13.2 reads nvcc 13.0's sm_90a code).
+CUOBJDUMP_VERSION=13.2.86
+NVDISASM_VERSION=13.2.78
 
 python=${PYTHON:-python3}
 pip_target="$deps/pip"
 mkdir -p "$deps"
 
-install_pip() {  # name==version, only when the stamp for that exact pin is missing
-  local spec=$1 stamp="$deps/.stamp-${1//[^A-Za-z0-9.]/_}"
+# name==version..., only when the stamp for those exact pins is missing. Packages that share a
+# top-level folder (nvidia/) go in one call: pip --target --upgrade replaces such a folder.
+install_pip() {
+  local specs="$*" stamp
+  stamp="$deps/.stamp-${specs//[^A-Za-z0-9.]/_}"
   [ -f "$stamp" ] && return 0
-  "$python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target "$pip_target" "$spec"
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target "$pip_target" "$@"
   touch "$stamp"
 }
 install_pip "nvidia-cutlass==$CUTLASS_VERSION"
@@ -33,6 +40,7 @@ install_pip "pytest==$PYTEST_VERSION"
 install_pip "iniconfig==2.1.0"
 install_pip "pluggy==1.6.0"
 install_pip "packaging==25.0"
+install_pip "nvidia-cuda-cuobjdump==$CUOBJDUMP_VERSION" "nvidia-cuda-nvdisasm==$NVDISASM_VERSION"
 
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo
