@@ -1,7 +1,12 @@
 // speedmla-bench: times mla_decode over the grid of ../shared/spec/performance.md.
 //
-//   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N]
+//   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N]
 //                  [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
+//
+// --rest-ms N leaves the GPU idle N ms before each case, so that every case starts from
+// about the same clocks and temperature: right after the heaviest cells of the grid, one
+// compute-bound cell took 12 % longer on the H200 than alone a minute later. The default (0)
+// times the cases back to back, as every result in bench/RESULTS.md so far was.
 //
 // Every case: fixed sequence lengths, pages drawn at random from one large pool (the cache is
 // far larger than the 60 MB L2), the L2 flushed before each timed call, median of --iters calls
@@ -11,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -161,12 +168,14 @@ Result run_case(const Case& c, Buffers& buf, int iters, std::mt19937_64& rng) {
 int main(int argc, char** argv) {
   bool quick = false;
   int iters = 30;
+  int rest_ms = 0;
   std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
   std::vector<int> pages;
   std::vector<Case> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rest-ms") && i + 1 < argc) rest_ms = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       char type[8] = {};
@@ -183,7 +192,8 @@ int main(int argc, char** argv) {
       const std::string d = argv[++i];
       dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--case ...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--case ...]\n",
                    argv[0]);
       return 2;
     }
@@ -253,6 +263,7 @@ int main(int argc, char** argv) {
       fill_random(buf.q, size_t(128) * 4 * 128 * kCacheRowDim * 2, c.dtype, rng);
       filled = c.dtype;
     }
+    if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
     const Result r = run_case(c, buf, iters, rng);
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
     std::string peer_text;
