@@ -34,6 +34,7 @@ DECODE_KERNEL = re.compile(r"decode_kernel")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
 RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+RESOURCE_FUNCTION = re.compile(r"Function (\S+):")  # how `cuobjdump -res-usage` names a function
 
 
 MMA = re.compile(r"\b[HQIB]GMMA\.")  # wgmma.mma_async: BF16/FP16 (H), FP8 (Q), integer, binary
@@ -98,9 +99,9 @@ def check_resources(resource_text):
     """Local-memory use of each decode kernel from `cuobjdump -res-usage`."""
     errors, current, seen = [], None, 0
     for line in resource_text.splitlines():
-        match = FUNCTION.search(line.replace("Function ", "Function : ", 1)) if "Function" in line else None
+        match = RESOURCE_FUNCTION.search(line)
         if match:
-            current = match.group(1).rstrip(":")
+            current = match.group(1)
             continue
         match = RESOURCES.search(line)
         if match and current and DECODE_KERNEL.search(current):
