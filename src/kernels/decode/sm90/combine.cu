@@ -7,13 +7,19 @@
 namespace speedmla::kernels::decode_sm90 {
 namespace {
 
-// One warp per (request, query row, 128 output columns): lane l owns columns 4l .. 4l + 3 of
-// the warp's 128, so each load instruction of a warp reads 512 contiguous bytes. Warps meet at
-// no CTA barrier: each computes its row's piece weights itself (a few exponentials), 32
+// One warp per (split request, query row, 128 output columns): lane l owns columns 4l .. 4l + 3
+// of the warp's 128, so each load instruction of a warp reads 512 contiguous bytes. Warps meet
+// at no CTA barrier: each computes its row's piece weights itself (a few exponentials), 32
 // pieces at a time, one per lane, broadcast by shuffles. A request has at most num_parts
 // pieces; long contexts on small batches have many (B = 4: ~33), and few rows, so splitting a
 // row's columns over four warps is what keeps enough loads in flight to reach the memory's
 // bandwidth there.
+//
+// Grid: (row pairs, columns). At most num_parts - 1 requests are split (every cut between two
+// parts lies inside one request), so min(batch, num_parts - 1) CTA columns suffice: column y
+// combines the split ones among requests y, y + columns, ... The host cannot know which (the
+// plan is made on the GPU); one CTA per request and row pair instead made 8192 CTAs at B = 128,
+// H = 64, q_len 2, about 8 us of launching CTAs that mostly find nothing to do.
 constexpr int kColumnsPerWarp = 128;
 constexpr int kWarpsPerRow = kLatentDim / kColumnsPerWarp;
 constexpr int kCombineRows = 2;  // rows of one request per CTA
@@ -21,13 +27,9 @@ constexpr int kCombineThreads = 32 * kWarpsPerRow * kCombineRows;
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
-  sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow, request = blockIdx.y;
-  const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
-  const RequestPlan plan = p.plans[request];
-  if (plan.split_slot < 0 || row >= p.num_rows) return;  // written directly by the main kernel
+// Combines one row's 128 columns (this warp's) of one split request.
+__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int request, int row, int column,
+                            int lane) {
   const int num_splits = request_num_splits(plan, p.plan_header->units_per_part);
   const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
 
@@ -79,10 +81,31 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
         sum > 0.f ? max_lse + logf(sum) : max_lse;
 }
 
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
+  sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow;
+  const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
+  if (row >= p.num_rows) return;
+  // This column's requests, 32 at a time: lane i reads the plan of the i-th (one round trip
+  // for all), and the split ones are combined in order. The others were written directly by
+  // the main kernel.
+  const int columns = gridDim.y;
+  for (int first = blockIdx.y; first < p.batch; first += 32 * columns) {
+    const int mine = first + lane * columns;
+    const bool split = mine < p.batch && p.plans[mine].split_slot >= 0;
+    for (uint32_t pending = __ballot_sync(0xffffffffu, split); pending != 0; pending &= pending - 1) {
+      const int request = first + (__ffs(pending) - 1) * columns;
+      combine_row(p, p.plans[request], request, row, column, lane);
+    }
+  }
+}
+
 }  // namespace
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
-  const dim3 grid((params.num_rows + kCombineRows - 1) / kCombineRows, params.batch);
+  const int columns = params.batch < params.num_parts - 1 ? params.batch : params.num_parts - 1;
+  const dim3 grid((params.num_rows + kCombineRows - 1) / kCombineRows, columns > 1 ? columns : 1);
   sm90::launch_dependent(decode_combine_kernel, grid, dim3(kCombineThreads), 0, stream, params);
 }
 
