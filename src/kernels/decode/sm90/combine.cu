@@ -27,42 +27,63 @@ constexpr int kCombineThreads = 32 * kWarpsPerRow * kCombineRows;
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
-// Combines one row's 128 columns (this warp's) of one split request.
-__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int request, int row, int column,
-                            int lane) {
-  const int num_splits = request_num_splits(plan, p.plan_header->units_per_part);
+// Pieces whose partial loads are issued before their weights are known.
+constexpr int kPiecesAhead = 8;
+
+__device__ __forceinline__ void accumulate(float4& acc, float w, const float4& x) {
+  // An empty piece weighs 0 and its partial may hold anything: it is skipped, not multiplied
+  // (0 * NaN).
+  if (w != 0.f) {
+    acc.x = fmaf(w, x.x, acc.x);
+    acc.y = fmaf(w, x.y, acc.y);
+    acc.z = fmaf(w, x.z, acc.z);
+    acc.w = fmaf(w, x.w, acc.w);
+  }
+}
+
+// Combines one row's 128 columns (this warp's) of one split request. At small batch an SM
+// holds few such warps and each waits on memory, so the first kPiecesAhead partials are
+// loaded together with the pieces' LSE (one per lane, kept for the weights): one memory round
+// trip before the first accumulation, where loading the partials after the weights took three.
+__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int units_per_part, int request,
+                            int row, int column, int lane) {
+  const int num_splits = request_num_splits(plan, units_per_part);
   const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
+  const float4* src = reinterpret_cast<const float4*>(
+      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
+  const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
+
+  float4 ahead[kPiecesAhead];
+#pragma unroll
+  for (int k = 0; k < kPiecesAhead; ++k)
+    if (k < num_splits) ahead[k] = src[k * split_stride];
+  const float first_lse = lane < num_splits ? lse[static_cast<int64_t>(lane) * p.num_rows] : -INFINITY;
 
   // NaN-propagating maximum of the pieces' LSE: a NaN piece must poison the row.
-  float max_lse = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
+  float max_lse = first_lse;
+  for (int s = 32 + lane; s < num_splits; s += 32) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
   for (int d = 16; d > 0; d /= 2) max_lse = nan_max(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, d));
   // All pieces empty (-inf): the row saw no key, out 0 and lse -inf.
   const bool empty = max_lse == -INFINITY;
 
-  const float4* src = reinterpret_cast<const float4*>(
-      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
-  const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum = 0.f;
   for (int first = 0; first < num_splits; first += 32) {
     const int mine = first + lane;
-    const float my_weight = empty || mine >= num_splits ? 0.f : expf(lse[static_cast<int64_t>(mine) * p.num_rows] - max_lse);
+    const float my_lse = first == 0 ? first_lse : mine < num_splits ? lse[static_cast<int64_t>(mine) * p.num_rows] : -INFINITY;
+    const float my_weight = empty || mine >= num_splits ? 0.f : expf(my_lse - max_lse);
     sum += my_weight;
     const int count = min(32, num_splits - first);
-#pragma unroll 8
-    for (int k = 0; k < count; ++k) {
-      const float w = __shfl_sync(0xffffffffu, my_weight, k);
-      const float4 x = src[(first + k) * split_stride];
-      // An empty piece weighs 0 and its partial may hold anything: it is skipped, not
-      // multiplied (0 * NaN).
-      if (w != 0.f) {
-        acc.x = fmaf(w, x.x, acc.x);
-        acc.y = fmaf(w, x.y, acc.y);
-        acc.z = fmaf(w, x.z, acc.z);
-        acc.w = fmaf(w, x.w, acc.w);
+    int k = 0;
+    if (first == 0) {
+#pragma unroll
+      for (; k < kPiecesAhead; ++k) {
+        const float w = __shfl_sync(0xffffffffu, my_weight, k);
+        if (k < count) accumulate(acc, w, ahead[k]);
       }
     }
+#pragma unroll 8
+    for (; k < count; ++k) accumulate(acc, __shfl_sync(0xffffffffu, my_weight, k), src[(first + k) * split_stride]);
   }
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
 
@@ -87,6 +108,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow;
   const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
   if (row >= p.num_rows) return;
+  const int units_per_part = p.plan_header->units_per_part;  // in flight with the plans below
   // This column's requests, 32 at a time: lane i reads the plan of the i-th (one round trip
   // for all), and the split ones are combined in order. The others were written directly by
   // the main kernel.
@@ -96,7 +118,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
     const bool split = mine < p.batch && p.plans[mine].split_slot >= 0;
     for (uint32_t pending = __ballot_sync(0xffffffffu, split); pending != 0; pending &= pending - 1) {
       const int request = first + (__ffs(pending) - 1) * columns;
-      combine_row(p, p.plans[request], request, row, column, lane);
+      combine_row(p, p.plans[request], units_per_part, request, row, column, lane);
     }
   }
 }
