@@ -7,7 +7,8 @@
 #
 # Each BUILD_DIR needs speedmla_gpu_tests and speedmla-bench (a full build folder or just the
 # two binaries). Logs go under $OUT (or /tmp/ab-decode), one folder per build; the tests are
-# gpu-check.sh's (--tests-only --filter '*Decode*').
+# gpu-check.sh's (--tests-only --filter '*Decode*'); AB_TESTED="NAME..." skips them for builds
+# whose tests passed in an earlier run.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench_args="$1"; shift
@@ -15,6 +16,8 @@ logs="${OUT:-/tmp/ab-decode}"
 rounds="${AB_ROUNDS:-2}"
 for build in "$@"; do
   name=$(basename "$build")
+  mkdir -p "$logs/$name"
+  [[ " ${AB_TESTED:-} " == *" $name "* ]] && continue
   echo "== $name"
   # gpu-check's decode tests and its summary (pass/fail counts, worst errors per type).
   SPEEDMLA_BUILD_DIR="$build" OUT="$logs/$name" "$root/scripts/gpu-check.sh" --tests-only --filter '*Decode*' |
