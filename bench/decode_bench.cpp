@@ -6,10 +6,12 @@
 // --rest-ms N leaves the GPU idle N ms before each case, so that every case starts from
 // about the same clocks and temperature: right after the heaviest cells of the grid, one
 // compute-bound cell took 12 % longer on the H200 than alone a minute later. The default (0)
-// times the cases back to back, as every result in bench/RESULTS.md so far was.
+// times the cases back to back.
 //
 // Every case: fixed sequence lengths, pages drawn at random from one large pool (the cache is
-// far larger than the 60 MB L2), the L2 flushed before each timed call, median of --iters calls
+// far larger than the 60 MB L2) by a generator seeded from the case itself, and cache values
+// by one seeded from the dtype, so that a case reads the same pages and values alone (--case)
+// as within a grid; the L2 flushed before each timed call, median of --iters calls
 // timed one by one with CUDA events around the whole mla_decode (planner, main kernel and
 // combine). Prints ms, TFLOP/s and GB/s by the formulas of performance.md and the share of the
 // H200 ceilings; BF16 page-64 cells also show FlashMLA's time from performance.md.
@@ -108,7 +110,13 @@ struct Result {
   double ms, tflops, gbs;
 };
 
-Result run_case(const Case& c, Buffers& buf, int iters, std::mt19937_64& rng) {
+// The generator of a case's page order: the same for the same case in any run.
+std::mt19937_64 case_rng(const Case& c) {
+  std::seed_seq seed{static_cast<int>(c.dtype), c.page_size, c.batch, c.seq_len, c.heads, c.q_len};
+  return std::mt19937_64(seed);
+}
+
+Result run_case(const Case& c, Buffers& buf, int iters) {
   const int64_t e = static_cast<int64_t>(dtype_size(c.dtype));
   const int64_t pages_per_seq = (c.seq_len + c.page_size - 1) / c.page_size;
   const int64_t pool_pages = static_cast<int64_t>(buf.cache_bytes / (c.page_size * kCacheRowDim * e));
@@ -120,6 +128,7 @@ Result run_case(const Case& c, Buffers& buf, int iters, std::mt19937_64& rng) {
   // Pages from the whole pool in random order.
   std::vector<int32_t> pool(pool_pages - 1);
   std::iota(pool.begin(), pool.end(), 1);
+  std::mt19937_64 rng = case_rng(c);
   std::shuffle(pool.begin(), pool.end(), rng);
   std::vector<int32_t> table(c.batch * pages_per_seq);
   std::copy(pool.begin(), pool.begin() + table.size(), table.begin());
@@ -253,18 +262,18 @@ int main(int argc, char** argv) {
     cudaEventDestroy(b);
   }
 
-  std::mt19937_64 rng(2026);
   DType filled = DType::kUInt8;
   std::printf("\n%-5s %4s %4s %6s %3s %2s | %8s %8s %8s | %6s %6s | %s\n", "dtype", "page", "B", "s_k", "H", "q",
               "ms", "TFLOP/s", "GB/s", "%read", "%mma", "FlashMLA bf16 p64 (ms, ratio)");
   for (const Case& c : cases) {
     if (c.dtype != filled) {
+      std::mt19937_64 rng(2026 + static_cast<int>(c.dtype));
       fill_random(buf.cache, buf.cache_bytes, c.dtype, rng);
       fill_random(buf.q, size_t(128) * 4 * 128 * kCacheRowDim * 2, c.dtype, rng);
       filled = c.dtype;
     }
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
-    const Result r = run_case(c, buf, iters, rng);
+    const Result r = run_case(c, buf, iters);
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
     std::string peer_text;
     if (const double peer = flashmla_ms(c); peer > 0) {
