@@ -541,29 +541,70 @@ struct DecodeKernel {
     return sm90::smem_u32(s.message_probs + (warp * kProbGroups + group) * 32 + lane);
   }
 
+  // Final output rows leave through shared memory, so that every global store writes 16
+  // contiguous bytes: in the accumulator layout a thread holds 4 bytes of each 16 columns, and
+  // storing them directly writes every 32-byte sector in two halves, from two instructions.
+  // Each warp stages 16 rows x 128 columns at a time (swizzled by 16-byte chunk) in its own
+  // part of the query tile, which is free there: every score wgmma of the piece has retired in
+  // both consumers, and the next piece's query is written only after both pass the consumers'
+  // barrier.
+  static constexpr int kStageColumns = 128;
+  static constexpr int kStageRowBytes = kStageColumns * 2;
+  static constexpr int kStageWarpBytes = 16 * kStageRowBytes;
+  static_assert(8 * kStageWarpBytes <= kTileBytes, "the output stages of 8 warps must fit in the query tile");
+
   // Writes this thread's half of the output rows: final BF16 (x output_scale) or an FP32
-  // partial for the combine kernel.
-  static __device__ void store_output(const DecodeParams& p, const PartPiece& piece, const RowInfo& rows,
-                                      const float (&acc)[128], const float (&inv)[2], int half) {
-    const int col0 = half * kHalfValueDim + 2 * (threadIdx.x % 4);
+  // partial for the combine kernel. Called by every thread of the consumer warpgroup.
+  static __device__ void store_output(const DecodeParams& p, const Smem& s, const PartPiece& piece, const RowInfo& rows,
+                                      int row_tile, const float (&acc)[128], const float (&inv)[2], int half) {
+    if (piece.slot >= 0) {
+      const int col0 = half * kHalfValueDim + 2 * (threadIdx.x % 4);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (!rows.valid[i]) continue;
-      if (piece.slot < 0) {
-        const float scale = inv[i] * p.output_scale;
-        uint16_t* dst = p.out + piece.request * p.out_stride_batch + rows.token[i] * p.out_stride_token +
-                        rows.head[i] * p.out_stride_head + col0;
-#pragma unroll
-        for (int n = 0; n < 32; ++n)
-          *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-              sm90::pack_bf16x2(acc[4 * n + 2 * i] * scale, acc[4 * n + 2 * i + 1] * scale);
-      } else {
+      for (int i = 0; i < 2; ++i) {
+        if (!rows.valid[i]) continue;
         const int row = rows.token[i] * p.num_heads + rows.head[i];
         float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + col0;
 #pragma unroll
         for (int n = 0; n < 32; ++n)
           *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(acc[4 * n + 2 * i] * inv[i], acc[4 * n + 2 * i + 1] * inv[i]);
       }
+      return;
+    }
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const float scale[2] = {inv[0] * p.output_scale, inv[1] * p.output_scale};
+    // Lanes 0-15 find where the warp's row `lane` goes (-1: past num_rows); the others ask them.
+    int64_t my_row_offset = -1;
+    if (const int row = row_tile * kTileRows + 16 * warp + lane % 16; row < p.num_rows)
+      my_row_offset = piece.request * p.out_stride_batch + (row / p.num_heads) * p.out_stride_token +
+                      (row % p.num_heads) * p.out_stride_head;
+    const uint32_t stage = sm90::smem_u32(s.q) + (4 * half + warp) * kStageWarpBytes;
+    // stmatrix: lanes 8j .. 8j + 7 name the rows of matrix j of each x4, which holds rows
+    // 8 (j & 1) .. + 7 (accumulator row i = j & 1) of column group 2k + (j >> 1).
+    const int matrix = lane / 8, matrix_row = lane % 8;
+    const uint32_t stmatrix_row = stage + (8 * (matrix & 1) + matrix_row) * kStageRowBytes;
+#pragma unroll
+    for (int round = 0; round < kHalfValueDim / kStageColumns; ++round) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int n = round * 16 + 2 * k;  // accumulator column group (8 columns)
+        const uint4 v = make_uint4(sm90::pack_bf16x2(acc[4 * n] * scale[0], acc[4 * n + 1] * scale[0]),
+                                   sm90::pack_bf16x2(acc[4 * n + 2] * scale[1], acc[4 * n + 3] * scale[1]),
+                                   sm90::pack_bf16x2(acc[4 * n + 4] * scale[0], acc[4 * n + 5] * scale[0]),
+                                   sm90::pack_bf16x2(acc[4 * n + 6] * scale[1], acc[4 * n + 7] * scale[1]));
+        const int chunk = 2 * k + (matrix >> 1);
+        sm90::stmatrix_x4(stmatrix_row + ((chunk ^ matrix_row) << 4), v);
+      }
+      __syncwarp();
+      // Lanes 0-15 write one row's 256 bytes, lanes 16-31 the next row's.
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const int row = 2 * m + lane / 16, chunk = lane % 16;
+        const uint4 v = sm90::ld_shared_v4(stage + row * kStageRowBytes + ((chunk ^ (row % 8)) << 4));
+        const int64_t row_offset = __shfl_sync(0xffffffffu, my_row_offset, row);
+        if (row_offset >= 0)
+          *reinterpret_cast<uint4*>(p.out + row_offset + half * kHalfValueDim + round * kStageColumns + 8 * chunk) = v;
+      }
+      __syncwarp();  // read before the next round overwrites the stage
     }
   }
 
@@ -824,7 +865,7 @@ struct DecodeKernel {
           lse[i] = -INFINITY;
         }
       }
-      store_output(p, piece, rows, acc, inv, me);
+      store_output(p, s, piece, rows, row_tile, acc, inv, me);
       if (me == 0 && lane % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
