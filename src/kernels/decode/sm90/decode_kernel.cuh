@@ -572,7 +572,8 @@ struct DecodeKernel {
     }
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale[2] = {inv[0] * p.output_scale, inv[1] * p.output_scale};
-    // Lanes 0-15 find where the warp's row `lane` goes (-1: past num_rows); the others ask them.
+    // Where the warp's row lane % 16 goes in `out` (-1: past num_rows); the stores below ask
+    // lanes 0-15 for their rows' offsets.
     int64_t my_row_offset = -1;
     if (const int row = row_tile * kTileRows + 16 * warp + lane % 16; row < p.num_rows)
       my_row_offset = piece.request * p.out_stride_batch + (row / p.num_heads) * p.out_stride_token +
