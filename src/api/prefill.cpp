@@ -1,8 +1,12 @@
 // mla_prefill: validation at the boundary, then dispatch (CPU: the reference).
 #include "speedmla/prefill.h"
 
+#include <cuda_runtime_api.h>
+
 #include "api/check.h"
+#include "kernels/prefill/sm90/launch.h"
 #include "reference/element.h"
+#include "speedmla/decode.h"
 #include "speedmla/reference.h"
 
 namespace speedmla {
@@ -23,12 +27,43 @@ void check_cu_seqlens_values(const detail::ArgChecker& check, const TensorView& 
                 rows_name, " = ", total_rows, ", got ", previous);
 }
 
+// What the SM90 kernel needs beyond the contract's checks, then the launch. cu_seqlens stay on
+// the device: the kernel clamps every length it reads to the tensors.
+void run_on_gpu(const detail::ArgChecker& check, const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
+                const std::optional<TensorView>& lse, bool causal, float softmax_scale, float output_scale,
+                Stream stream) {
+  check.require(softmax_scale > 0.f, "softmax_scale must be > 0 on the GPU, got ", softmax_scale);
+  // TMA reads q, k and v: 16-byte aligned rows, non-negative strides in 16-byte multiples.
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    check.aligned(*t, name, 16);
+    check.require(t->strides[0] >= 0 && t->strides[1] >= 0, name, " must have non-negative strides, got (",
+                  t->strides[0], ", ", t->strides[1], ")");
+  }
+  check.aligned(out, "out", 4);  // BF16 pairs
+  check.contiguous(cu_seqlens_q, "cu_seqlens_q");
+  check.contiguous(cu_seqlens_k, "cu_seqlens_k");
+  constexpr int64_t kMaxRows = int64_t{1} << 31;
+  check.require(q.size(0) < kMaxRows, "q.shape[0] must be < 2^31 on the GPU, got ", q.size(0));
+  check.require(k.size(0) < kMaxRows, "k.shape[0] must be < 2^31 on the GPU, got ", k.size(0));
+  check.require(cu_seqlens_q.size(0) <= (int64_t{1} << 30), "cu_seqlens_q must have at most 2^30 entries, got ",
+                cu_seqlens_q.size(0));
+  detail::DeviceGuard guard(q.device);
+  const kernels::prefill_sm90::PrefillViews views{
+      q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse ? &*lse : nullptr, causal, softmax_scale, output_scale,
+      device_sm_count(q.device.index)};
+  const auto status = kernels::prefill_sm90::run_prefill(views, reinterpret_cast<cudaStream_t>(stream));
+  check.require(status.tensor_map_error == 0, "could not describe ", status.tensor_map_name,
+                " to the TMA unit (cuTensorMapEncodeTiled error ", status.tensor_map_error, ")");
+  detail::check_cuda(status.cuda_error, check.function(), "prefill kernel launch");
+}
+
 }  // namespace
 
 void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                  const TensorView& out, const std::optional<TensorView>& lse, bool causal,
-                 float softmax_scale, float output_scale, Stream /*stream*/) {
+                 float softmax_scale, float output_scale, Stream stream) {
   const detail::ArgChecker check("mla_prefill");
   check.defined(q, "q", 3);
   check.defined(k, "k", 3);
@@ -95,8 +130,10 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   check.finite(softmax_scale, "softmax_scale");
   check.finite(output_scale, "output_scale");
 
-  if (device.kind == DeviceKind::kCUDA)
-    check.fail("the GPU path is not available yet (CUDA tensors given); use CPU tensors");
+  if (device.kind == DeviceKind::kCUDA) {
+    run_on_gpu(check, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, output_scale, stream);
+    return;
+  }
 
   check_cu_seqlens_values(check, cu_seqlens_q, "cu_seqlens_q", total_q, "q.shape[0]");
   check_cu_seqlens_values(check, cu_seqlens_k, "cu_seqlens_k", total_k, "k.shape[0]");

@@ -108,6 +108,11 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Counts this thread towards the barrier without waiting for it (the producer side of a
+// handshake whose other side calls named_barrier_sync with the same total).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Orders this thread's ordinary shared-memory writes before later reads by the async proxy
 // (wgmma operands, TMA).

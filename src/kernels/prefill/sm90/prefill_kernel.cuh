@@ -1,0 +1,529 @@
+// The SM90 MLA prefill kernel: ragged multi-head attention with d_qk = 192, d_v = 128, causal
+// (bottom-right aligned) or not, BF16 or FP8 e4m3 tensor-core math.
+//
+// Persistent CTAs walk the tiles (kTileRows query tokens of one head of one request) in a fixed
+// order (work_item: rounds of one item per CTA, alternating direction): heads outermost, so
+// the CTAs running at once share one head's keys and values in L2; inside a head, slots from the last down, so each request's tiles with the most keys under the
+// causal mask come first and the short ones fill the tail (params.h says what a slot is).
+//
+//   warpgroup 0 (producer)   finds each tile's request (a warp-wide search over cu_seqlens_q),
+//                            hands it to the consumers in shared memory with the query tile,
+//                            and streams the request's key and value blocks through a ring of
+//                            kStages stages by TMA (one thread issues). All four warps then make
+//                            each value block ready: FP8 transposes it into the K-major V^T the
+//                            P·V wgmma needs; BF16 zeroes the rows past the request's keys in its
+//                            last block (P is 0 there, but 0 * NaN would not be).
+//   warpgroups 1 and 2       the consumers, 64 query rows each, every key block of the tile:
+//                            S = Q·K^T (wgmma from shared memory), masked online softmax in base
+//                            2, O += P·V (P from registers). They take turns issuing their GEMMs
+//                            (a named-barrier ping-pong), so one consumer's softmax runs while
+//                            the tensor cores work for the other; and each issues S(j) together
+//                            with P·V(j-1), so its own softmax of block j overlaps its P·V(j-1).
+//
+// Rows of a tile past the request's queries (and key rows past its keys) are whatever the
+// tensors hold there or TMA's zeros past the tensor: scores of such keys are masked, such query
+// rows are never written. Lengths read on the device are clamped to the tensors, so no
+// cu_seqlens value can make the kernel read or write out of bounds.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/prefill/sm90/config.h"
+#include "kernels/prefill/sm90/params.h"
+#include "kernels/sm90/attention/accumulator.cuh"
+#include "kernels/sm90/attention/fp8_transpose.cuh"
+#include "kernels/sm90/attention/online_softmax.cuh"
+#include "kernels/sm90/attention/probabilities.cuh"
+#include "kernels/sm90/pipeline.cuh"
+#include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace speedmla::kernels::prefill_sm90 {
+
+namespace attention = sm90::attention;
+
+struct PrefillBf16Traits {
+  static constexpr bool kFp8 = false;
+  static constexpr int kElemBytes = 2;
+  static constexpr int kStages = 2;  // 48 KB of keys + 32 KB of values each, beside a 48 KB query tile
+  static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
+  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k128B;
+  static constexpr int kMmaK = 16;
+  static constexpr attention::SoftmaxConfig kSoftmax{8.f, 0.f};  // P below 2^8: far inside BF16
+  // The CTA starts with 168 registers a thread (504 per lane of the three warpgroups); the
+  // producer gives most of its share to the consumers (64 score + 64 output + 32 P registers).
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  using ScoreMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
+  // V is read token-major as loaded: N (value dims) is its contiguous dimension.
+  using ValueMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
+};
+
+struct PrefillFp8Traits {
+  static constexpr bool kFp8 = true;
+  static constexpr int kElemBytes = 1;
+  static constexpr int kStages = 3;
+  static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
+  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
+  static constexpr int kMmaK = 32;
+  // P scaled by 2^7 so small probabilities stay normal e4m3 numbers; the lazy-max slack keeps
+  // P below 2^8.5 < 448 (online_softmax.cuh).
+  static constexpr attention::SoftmaxConfig kSoftmax{1.5f, 7.f};
+  // The producer's warps transpose every value block (a batch of four 16-byte loads in flight).
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  using ScoreMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using ValueMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+};
+
+// What the producer hands the consumers about a tile (and, with num_blocks = -1, that no tile
+// is left).
+struct TileInfo {
+  int head;
+  int q_begin;     // the request's first q row
+  int len_q;       // its queries (clamped to the tensor)
+  int m0;          // the tile's first query, within the request
+  int len_k;       // its keys (clamped to the tensor)
+  int k_begin;     // its first k row
+  int num_blocks;  // key blocks the tile needs (causal: up to its last query's diagonal)
+};
+
+template <typename Traits>
+struct PrefillKernel {
+  static constexpr bool kFp8 = Traits::kFp8;
+  static constexpr int kStages = Traits::kStages;
+  static constexpr int kRowBytes = kChunkDims * Traits::kElemBytes;  // one swizzle row
+  static_assert(kRowBytes == (kFp8 ? 64 : 128), "a chunk row must be exactly one swizzle span");
+  static constexpr int kChunkBytes = kTileRows * kRowBytes;  // 128 rows of one chunk (Q tile or K/V block)
+  static_assert(kTileRows == kBlockKeys, "Q tiles and K/V blocks share the chunk size");
+  static constexpr int kRowGroupBytes = 8 * kRowBytes;  // wgmma stride-dimension offset
+  static constexpr int kScoreStepsPerChunk = kChunkDims / Traits::kMmaK;
+  static constexpr int kValueSteps = kBlockKeys / Traits::kMmaK;
+  static constexpr int kAccRegs = kVDim / 2;        // 64 x 128 FP32 over 128 threads
+  static constexpr int kScoreRegs = kBlockKeys / 2;  // 64 x 128 FP32
+  static constexpr int kProbRegs = attention::kProbabilityRegs<kFp8, kScoreRegs>;
+
+  // FP8 V^T: 128 value dims x 128 token positions in core matrices of 8 dims x 16 positions,
+  // kVtCoreStride apart along the positions (16 bytes of padding each) and kVtGroupStride apart
+  // along the dims (not a multiple of 128: conflict-free stmatrix, fp8_transpose.cuh).
+  static constexpr int kVtCoreStride = 144;
+  static constexpr int kVtGroupStride = (kBlockKeys / 16) * kVtCoreStride + 16;
+  static constexpr int kVtStageBytes = (kVDim / 8) * kVtGroupStride;
+
+  static constexpr int kQBytes = kQkChunks * kChunkBytes;
+  static constexpr int kKBytes = kQkChunks * kChunkBytes;
+  static constexpr int kVBytes = kVChunks * kChunkBytes;
+
+  // Named barriers (0 is __syncthreads): consumer c may issue its GEMMs once barrier
+  // kBarTurn0 + c completes, i.e. once the other consumer has issued its own.
+  static constexpr uint32_t kBarTurn0 = 1;
+  static constexpr int kTurnThreads = 2 * kWarpgroupThreads;
+
+  static_assert(Traits::kProducerRegs + 2 * Traits::kConsumerRegs == 3 * 168 && Traits::kConsumerRegs % 8 == 0,
+                "register budgets must add up to what the CTA is launched with");
+
+  struct alignas(1024) SharedStorage {
+    // Every tile buffer starts on a 1024-byte boundary (swizzle atoms); sizes are multiples.
+    uint8_t q[kQBytes];
+    uint8_t k[kStages][kKBytes];
+    uint8_t v[kStages][kVBytes];  // as loaded (FP8: the transposes' source)
+    alignas(16) uint8_t vt[kFp8 ? kStages : 1][kFp8 ? kVtStageBytes : 16];
+    TileInfo tile;
+    uint64_t q_full, q_free;
+    uint64_t k_full[kStages], k_free[kStages];
+    uint64_t v_landed[kStages];   // TMA bytes of the value block arrived
+    uint64_t v_ready[kStages];    // readable by the P·V (transposed / tail zeroed)
+    uint64_t v_free[kStages];     // the consumers' P·V of the stage's block completed
+    uint64_t v_raw_free[kStages]; // FP8: the transposes have read the loaded block
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment of the dynamic base
+  static_assert(kSmemBytes <= 227 * 1024, "prefill shared memory exceeds the SM90 limit");
+
+  static __device__ SharedStorage& carve(uint8_t* raw) {
+    return *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  }
+
+  static __device__ void init_barriers(SharedStorage& s) {
+    sm90::mbarrier_init(&s.q_full, 1);
+    sm90::mbarrier_init(&s.q_free, 8);  // every consumer warp, after its last score GEMM of the tile
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbarrier_init(&s.k_full[i], 1);
+      sm90::mbarrier_init(&s.k_free[i], 8);
+      sm90::mbarrier_init(&s.v_landed[i], 1);
+      sm90::mbarrier_init(&s.v_ready[i], 4);  // every producer warp
+      sm90::mbarrier_init(&s.v_free[i], 8);
+      sm90::mbarrier_init(&s.v_raw_free[i], 4);
+    }
+    sm90::fence_barrier_init();
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Tiles
+  // ---------------------------------------------------------------------------------------
+
+  // The tile of work item `linear`, or false for an idle slot. Called by a whole warp: the
+  // request is found by a 32-way search over cu_seqlens_q (two rounds up to 1024 requests).
+  static __device__ bool find_tile(const PrefillParams& p, int64_t linear, TileInfo& t) {
+    const int lane = threadIdx.x % 32;
+    const int head = static_cast<int>(linear / p.num_slots);
+    const int slot = p.num_slots - 1 - static_cast<int>(linear % p.num_slots);
+    // The request is the last b whose first slot, cu_q[b] / kTileRows + b, is <= slot: that
+    // function of b increases strictly for valid cu_seqlens, and the search needs only that it
+    // is monotone to end in [0, B) (invalid values give a wrong request, never a wild access).
+    int lo = 0, hi = p.batch - 1;
+    while (true) {
+      const int step = (hi - lo + 32) / 32;  // ceil((hi - lo + 1) / 32)
+      const int b = lo + lane * step;
+      const bool at_or_below = b <= hi && __ldg(p.cu_seqlens_q + b) / kTileRows + b <= slot;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, at_or_below);
+      if (ballot == 0) return false;  // cu_seqlens_q[0] > 0: no request
+      const int last = 31 - __clz(ballot);
+      if (step == 1) {
+        lo += last;
+        break;
+      }
+      lo += last * step;
+      hi = min(hi, lo + step - 1);
+    }
+    const int b = lo;
+    const int slot_begin = __ldg(p.cu_seqlens_q + b) / kTileRows + b;
+    int q_begin = __ldg(p.cu_seqlens_q + b), q_end = __ldg(p.cu_seqlens_q + b + 1);
+    int k_begin = __ldg(p.cu_seqlens_k + b), k_end = __ldg(p.cu_seqlens_k + b + 1);
+    q_begin = min(max(q_begin, 0), p.total_q);
+    k_begin = min(max(k_begin, 0), p.total_k);
+    t.head = head;
+    t.q_begin = q_begin;
+    t.len_q = max(min(q_end, p.total_q) - q_begin, 0);
+    t.m0 = (slot - slot_begin) * kTileRows;
+    t.k_begin = k_begin;
+    t.len_k = max(min(k_end, p.total_k) - k_begin, 0);
+    if (t.m0 >= t.len_q) return false;
+    int visible = t.len_k;
+    if (p.causal) {
+      const int last_query = min(t.m0 + kTileRows, t.len_q) - 1;
+      visible = min(visible, max(t.len_k - t.len_q + last_query + 1, 0));  // no int overflow
+    }
+    t.num_blocks = (visible + kBlockKeys - 1) / kBlockKeys;
+    return true;
+  }
+
+  // This CTA's work item in round `round` of the persistent loop. Rounds alternate direction
+  // (CTA c takes item c of even rounds and item G - 1 - c of odd ones): the items' costs fall
+  // along each request's slots (causal), so a CTA that drew heavy tiles in one round draws light
+  // ones in the next. Plain striding gave every CTA the same slot of each head when a head's
+  // slots are a multiple of the grid, and the heaviest CTA twice the mean (4 x 4K, H = 128).
+  static __device__ int64_t work_item(int64_t round) {
+    const int64_t in_round = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+    return round * gridDim.x + in_round;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Producer
+  // ---------------------------------------------------------------------------------------
+
+  // Issues the loads of one key/value block (thread 0 of the producer only).
+  static __device__ void load_block(const CUtensorMap* k_map, const CUtensorMap* v_map, SharedStorage& s,
+                                    sm90::PipelineState<kStages> at, int kv_head, int first_key) {
+    const int stage = at.stage();
+    sm90::mbarrier_wait(&s.k_free[stage], at.free_parity());
+    sm90::mbarrier_arrive_expect_tx(&s.k_full[stage], kKBytes);
+#pragma unroll
+    for (int c = 0; c < kQkChunks; ++c)
+      sm90::tma_load_3d(s.k[stage] + c * kChunkBytes, k_map, &s.k_full[stage], c * kChunkDims, kv_head, first_key);
+    // The value buffer is free once the P·V that read it completed (BF16), or once the
+    // transposes that read it did (FP8: the P·V reads V^T).
+    sm90::mbarrier_wait(kFp8 ? &s.v_raw_free[stage] : &s.v_free[stage], at.free_parity());
+    sm90::mbarrier_arrive_expect_tx(&s.v_landed[stage], kVBytes);
+#pragma unroll
+    for (int c = 0; c < kVChunks; ++c)
+      sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], c * kChunkDims, kv_head, first_key);
+  }
+
+  // Makes a landed value block readable by the P·V: all four producer warps.
+  static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
+    const int stage = at.stage();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
+    if constexpr (kFp8) {
+      sm90::mbarrier_wait(&s.v_free[stage], at.free_parity());  // the P·V that read this V^T stage
+      const uint32_t src = sm90::smem_u32(s.v[stage]), vt = sm90::smem_u32(s.vt[stage]);
+      constexpr int kSteps = kVDim / 32;
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const int group = 2 * warp + g;
+        if (valid >= kBlockKeys)
+          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, false>(src, vt, group,
+                                                                                                       valid, lane);
+        else
+          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, true>(src, vt, group,
+                                                                                                      valid, lane);
+      }
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&s.v_raw_free[stage]);
+    } else if (valid < kBlockKeys) {
+      const uint32_t values = sm90::smem_u32(s.v[stage]);
+      const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
+      for (int i = threadIdx.x; i < kVChunks * pieces; i += kWarpgroupThreads)
+        sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kRowBytes + (i % pieces) * 16,
+                           make_uint4(0u, 0u, 0u, 0u));
+    }
+    sm90::fence_proxy_async_smem();  // generic writes, then wgmma reads them
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(&s.v_ready[stage]);
+  }
+
+  static __device__ void producer(const PrefillParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                  const CUtensorMap* v_map, SharedStorage& s) {
+    const bool issuer = threadIdx.x == 0;
+    sm90::PipelineState<kStages> blocks;
+    uint32_t tiles = 0;
+    for (int64_t round = 0; round * gridDim.x < p.total_tiles; ++round) {
+      const int64_t linear = work_item(round);
+      TileInfo t;
+      if (linear >= p.total_tiles || !find_tile(p, linear, t)) continue;
+      const int kv_head = t.head / p.head_group;
+      if (issuer) {
+        if (tiles > 0) sm90::mbarrier_wait(&s.q_free, (tiles - 1) & 1);
+        s.tile = t;  // published by the arrive below (release), read after the consumers' wait
+        sm90::mbarrier_arrive_expect_tx(&s.q_full, kQBytes);
+#pragma unroll
+        for (int c = 0; c < kQkChunks; ++c)
+          sm90::tma_load_3d(s.q + c * kChunkBytes, q_map, &s.q_full, c * kChunkDims, t.head, t.q_begin + t.m0);
+      }
+      ++tiles;
+      // Block j's loads go out before block j - 1 is made ready, so that the transposes of one
+      // block overlap the next one's transfer.
+      for (int j = 0; j < t.num_blocks; ++j) {
+        const sm90::PipelineState<kStages> at{blocks.count + j};
+        if (issuer) load_block(k_map, v_map, s, at, kv_head, t.k_begin + j * kBlockKeys);
+        if (j > 0) prepare_values(s, sm90::PipelineState<kStages>{at.count - 1}, t.len_k - (j - 1) * kBlockKeys);
+      }
+      if (t.num_blocks > 0)
+        prepare_values(s, sm90::PipelineState<kStages>{blocks.count + t.num_blocks - 1},
+                       t.len_k - (t.num_blocks - 1) * kBlockKeys);
+      blocks.advance(t.num_blocks);
+    }
+    if (issuer) {
+      if (tiles > 0) sm90::mbarrier_wait(&s.q_free, (tiles - 1) & 1);
+      s.tile.num_blocks = -1;
+      sm90::mbarrier_arrive(&s.q_full);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Consumers
+  // ---------------------------------------------------------------------------------------
+
+  // S = Q·K^T of this consumer's 64 rows against the block in K stage `stage`: one wgmma group,
+  // each step's descriptors one 32-bit add away from the base ones.
+  static __device__ void issue_scores(SharedStorage& s, int stage, int me, float (&scores)[kScoreRegs]) {
+    const uint64_t q_desc =
+        sm90::make_smem_desc(s.q + me * kConsumerRows * kRowBytes, 16, kRowGroupBytes, Traits::kSwizzle);
+    const uint64_t k_desc = sm90::make_smem_desc(s.k[stage], 16, kRowGroupBytes, Traits::kSwizzle);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < kQkChunks; ++c)
+#pragma unroll
+      for (int step = 0; step < kScoreStepsPerChunk; ++step) {
+        const uint32_t offset = c * kChunkBytes + step * 32;
+        sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset), sm90::desc_advance(k_desc, offset),
+                                                scores, c + step > 0);
+      }
+    sm90::wgmma_commit();
+  }
+
+  // O += P·V of the block in value stage `stage`.
+  static __device__ void issue_values(SharedStorage& s, int stage, const uint32_t (&probs)[kProbRegs],
+                                      float (&acc)[kAccRegs]) {
+    sm90::wgmma_fence();
+    if constexpr (kFp8) {
+      const uint64_t desc =
+          sm90::make_smem_desc(s.vt[stage], kVtCoreStride, kVtGroupStride, sm90::SmemLayout::kInterleave);
+#pragma unroll
+      for (int step = 0; step < kValueSteps; ++step)
+        sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step], sm90::desc_advance(desc, 2 * step * kVtCoreStride),
+                                                acc, true);
+    } else {
+      // MN-major V: N runs along the 64-dim chunks (leading offset: one chunk), K along tokens
+      // (stride offset: 8 rows).
+      const uint64_t desc = sm90::make_smem_desc(s.v[stage], kChunkBytes, kRowGroupBytes, Traits::kSwizzle);
+#pragma unroll
+      for (int step = 0; step < kValueSteps; ++step)
+        sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step],
+                                                sm90::desc_advance(desc, step * Traits::kMmaK * kRowBytes), acc, true);
+    }
+    sm90::wgmma_commit();
+  }
+
+  // Keys a row may not see become -inf: those at or past its limit (the request's keys, and
+  // under the causal mask its diagonal). Only blocks that reach a limit of this thread's rows
+  // pay for it.
+  static __device__ void mask_block(float (&scores)[kScoreRegs], int block, const int (&limit)[2]) {
+    const int first = block * kBlockKeys;
+    if (first + kBlockKeys <= min(limit[0], limit[1])) return;
+    const int base = first + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int n = 0; n < kScoreRegs / 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = base + 8 * n + e;
+        if (key >= limit[0]) scores[4 * n + e] = -INFINITY;
+        if (key >= limit[1]) scores[4 * n + 2 + e] = -INFINITY;
+      }
+  }
+
+  // Probabilities -> P fragments; FP8 also adds the block's rounded weights to the running
+  // normaliser (scaled like the output by the block's factor).
+  static __device__ void take_probabilities(const float (&scores)[kScoreRegs], uint32_t (&probs)[kProbRegs],
+                                            float (&weight_sum)[2], const float (&factor)[2]) {
+    attention::pack_probabilities<kFp8>(scores, probs);
+    if constexpr (kFp8) {
+      float block_weights[2];
+      attention::fp8_probability_row_sums(probs, block_weights);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) weight_sum[i] = fmaf(weight_sum[i], factor[i], block_weights[i]);
+    }
+  }
+
+  static __device__ void release(uint64_t* bar) {
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(bar);
+  }
+
+  static __device__ void consumer(const PrefillParams& p, SharedStorage& s, int me) {
+    using Softmax = attention::OnlineSoftmax<Traits::kSoftmax>;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const uint32_t my_turn = kBarTurn0 + me, their_turn = kBarTurn0 + (1 - me);
+    float acc[kAccRegs];
+    float scores[kScoreRegs];
+    uint32_t probs[kProbRegs];
+    Softmax softmax;
+    sm90::PipelineState<kStages> blocks;
+    // Consumer 0 issues first; its last turn is matched by a final wait below.
+    if (me == 1) sm90::named_barrier_arrive(kBarTurn0, kTurnThreads);
+
+    // Retires every wgmma group of this warpgroup. The register fences tell the compiler the
+    // accumulators and P are live up to here: a P·V reads P asynchronously.
+    auto retire_all = [&] {
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc);
+      sm90::fence_registers(scores);
+      sm90::fence_registers(probs);
+    };
+
+    for (uint32_t tiles = 0;; ++tiles) {
+      sm90::mbarrier_wait(&s.q_full, tiles & 1);
+      const TileInfo t = s.tile;
+      if (t.num_blocks < 0) break;
+      // This thread's rows (within the request) and the keys each may see.
+      int row[2], limit[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        row[i] = t.m0 + me * kConsumerRows + 16 * warp + lane / 4 + 8 * i;
+        limit[i] = p.causal ? min(t.len_k, max(t.len_k - t.len_q + row[i] + 1, 0)) : t.len_k;
+      }
+      softmax.reset();
+      float weight_sum[2] = {0.f, 0.f};  // FP8: the normaliser of the rounded P
+      float factor[2];
+      attention::zero(acc);
+      const int n = t.num_blocks;
+      if (n == 0) {
+        release(&s.q_free);
+      } else {
+        // Block 0: scores and softmax only.
+        int stage = blocks.stage();
+        sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
+        sm90::named_barrier_sync(my_turn, kTurnThreads);
+        issue_scores(s, stage, me, scores);
+        sm90::named_barrier_arrive(their_turn, kTurnThreads);
+        retire_all();
+        release(&s.k_free[stage]);
+        if (n == 1) release(&s.q_free);
+        mask_block(scores, 0, limit);
+        softmax.step(scores, p.score_scale_log2, factor);
+        take_probabilities(scores, probs, weight_sum, factor);
+        for (int j = 1; j < n; ++j) {
+          const sm90::PipelineState<kStages> previous = blocks;
+          blocks.advance();
+          stage = blocks.stage();
+          sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
+          sm90::named_barrier_sync(my_turn, kTurnThreads);
+          issue_scores(s, stage, me, scores);
+          attention::scale_rows<false>(acc, factor[0], factor[1]);  // to block j - 1's maxima
+          sm90::mbarrier_wait(&s.v_ready[previous.stage()], previous.full_parity());
+          issue_values(s, previous.stage(), probs, acc);
+          sm90::named_barrier_arrive(their_turn, kTurnThreads);
+          // S(j) is the older group in flight: wait for it alone; P·V(j - 1) runs on while
+          // the softmax of block j does.
+          sm90::wgmma_wait<1>();
+          sm90::fence_registers(scores);
+          release(&s.k_free[stage]);
+          if (j == n - 1) release(&s.q_free);
+          mask_block(scores, j, limit);
+          softmax.step(scores, p.score_scale_log2, factor);
+          retire_all();
+          release(&s.v_free[previous.stage()]);
+          take_probabilities(scores, probs, weight_sum, factor);
+        }
+        attention::scale_rows<false>(acc, factor[0], factor[1]);
+        stage = blocks.stage();
+        sm90::mbarrier_wait(&s.v_ready[stage], blocks.full_parity());
+        issue_values(s, stage, probs, acc);
+        retire_all();
+        release(&s.v_free[stage]);
+        blocks.advance();
+      }
+      store_tile(p, t, row, softmax, weight_sum, acc);
+    }
+    if (me == 0) sm90::named_barrier_sync(my_turn, kTurnThreads);
+  }
+
+  // Normalises and writes this thread's two rows of the tile (those inside the request): BF16
+  // out (x output_scale) and the LSE. Rows that saw no key get 0 and -inf.
+  static __device__ void store_tile(const PrefillParams& p, const TileInfo& t, const int (&row)[2],
+                                    const typename attention::OnlineSoftmax<Traits::kSoftmax>& softmax,
+                                    const float (&weight_sum)[2], const float (&acc)[kAccRegs]) {
+    const int quad = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float sum = attention::quad_sum(softmax.row_sum[i]);
+      const float weights = kFp8 ? attention::quad_sum(weight_sum[i]) : sum;
+      if (row[i] >= t.len_q) continue;
+      const bool seen = sum > 0.f && weights > 0.f;
+      const float scale = seen ? p.output_scale / weights : 0.f;
+      const int64_t token = t.q_begin + row[i];
+      uint16_t* out = p.out + token * p.out_stride_token + static_cast<int64_t>(t.head) * p.out_stride_head + 2 * quad;
+#pragma unroll
+      for (int n = 0; n < kAccRegs / 4; ++n) {
+        const uint32_t pair =
+            seen ? sm90::pack_bf16x2(acc[4 * n + 2 * i] * scale, acc[4 * n + 2 * i + 1] * scale) : 0u;
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pair;
+      }
+      if (p.lse != nullptr && quad == 0)
+        p.lse[token * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] = softmax.lse(i, sum);
+    }
+  }
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ PrefillParams p) {
+  using Kernel = PrefillKernel<Traits>;
+  extern __shared__ uint8_t smem_raw[];
+  typename Kernel::SharedStorage& s = Kernel::carve(smem_raw);
+  if (threadIdx.x == 0) Kernel::init_barriers(s);
+  __syncthreads();
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    sm90::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    Kernel::producer(p, &q_map, &k_map, &v_map, s);
+  } else {
+    sm90::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    Kernel::consumer(p, s, warpgroup - 1);
+  }
+}
+
+}  // namespace speedmla::kernels::prefill_sm90

@@ -1,0 +1,68 @@
+// Online softmax over blocks of scores, in base 2, for a thread's two accumulator rows
+// (accumulator.cuh). Scores arrive raw (q·k); `scale_log2` = softmax_scale · log2(e) > 0 turns
+// them into base-2 exponents. Keys a row may not see are -inf before the step (mask policies
+// live with the kernels: decode's per-row limits, prefill's causal diagonal and sequence end).
+//
+// Lazy maxima: a row's running max moves only when a block exceeds it by more than kSlackLog2,
+// so most rescales of the output accumulator disappear; sums and outputs are relative to
+// whichever max is in use, so the result is the same. Probabilities are 2^(s - max + kBiasLog2):
+// FP8 raises them by 2^7 so that small ones stay normal e4m3 numbers (subnormals start at 2^-6),
+// and the slack keeps them below 2^(7 + 1.5) < 448, e4m3's largest. The bias cancels in out =
+// (P·V) / sum(P) and is taken out of the LSE.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/sm90/attention/accumulator.cuh"
+#include "kernels/sm90/primitives.cuh"
+
+namespace speedmla::kernels::sm90::attention {
+
+struct SoftmaxConfig {
+  float slack_log2;  // lazy-max slack (base 2)
+  float bias_log2;   // probabilities scaled by 2^bias
+};
+
+template <SoftmaxConfig kConfig>
+struct OnlineSoftmax {
+  float row_max[2];   // running max of each row, base-2 units; -inf until a row sees a key
+  float row_sum[2];   // this thread's share of the row sums of the probabilities as computed
+
+  __device__ __forceinline__ void reset() {
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  }
+
+  // Scores of one block -> probabilities, in place. `factor` receives what earlier output (and
+  // any other running sum relative to the maxima) must be multiplied by: 1 when a row's max did
+  // not move. The block's probabilities are added to row_sum.
+  template <int kRegs>
+  __device__ __forceinline__ void step(float (&scores)[kRegs], float scale_log2, float (&factor)[2]) {
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float block_max =
+          quad_max(row_tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); })) * scale_log2;
+      // -inf + slack is -inf: a row's first finite max is always taken.
+      const float new_max = block_max > row_max[i] + kConfig.slack_log2 ? block_max : row_max[i];
+      // exp2(-inf - finite) = 0 rescales a row that had seen nothing; a row that still has seen
+      // nothing keeps max -inf and exponents of -inf.
+      factor[i] = new_max == -INFINITY ? 1.f : fast_exp2(row_max[i] - new_max);
+      base[i] = new_max == -INFINITY ? 0.f : new_max - kConfig.bias_log2;
+      row_max[i] = new_max;
+    }
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) scores[r] = fast_exp2(fmaf(scores[r], scale_log2, -base[(r / 2) % 2]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      row_sum[i] = fmaf(row_sum[i], factor[i], row_tree_reduce(scores, i, [](float a, float b) { return a + b; }));
+  }
+
+  // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key.
+  __device__ __forceinline__ float lse(int i, float quad_row_sum) const {
+    return quad_row_sum > 0.f ? (row_max[i] - kConfig.bias_log2 + __log2f(quad_row_sum)) * 0.69314718055994530942f
+                              : -INFINITY;
+  }
+};
+
+}  // namespace speedmla::kernels::sm90::attention
