@@ -148,14 +148,18 @@ struct PrefillKernel {
 
   static __device__ void init_barriers(SharedStorage& s) {
     sm90::mbarrier_init(&s.q_full, 1);
-    sm90::mbarrier_init(&s.q_free, 8);  // every consumer warp, after its last score GEMM of the tile
+    // Barriers that order ordinary shared-memory accesses (the tile record, V^T, zeroed rows)
+    // count every thread that made them: each thread's release orders its own accesses, with no
+    // reliance on warp-synchronous cumulativity. Those that guard tensor-core and TMA traffic
+    // only count one lane per warp, after the warp's wgmma wait.
+    sm90::mbarrier_init(&s.q_free, 2 * kWarpgroupThreads);  // after the consumers' last score GEMM of the tile
     for (int i = 0; i < kStages; ++i) {
       sm90::mbarrier_init(&s.k_full[i], 1);
       sm90::mbarrier_init(&s.k_free[i], 8);
       sm90::mbarrier_init(&s.v_landed[i], 1);
-      sm90::mbarrier_init(&s.v_ready[i], 4);  // every producer warp
+      sm90::mbarrier_init(&s.v_ready[i], kWarpgroupThreads);  // every producer thread
       sm90::mbarrier_init(&s.v_free[i], 8);
-      sm90::mbarrier_init(&s.v_raw_free[i], 4);
+      sm90::mbarrier_init(&s.v_raw_free[i], kWarpgroupThreads);
     }
     sm90::fence_barrier_init();
   }
@@ -261,8 +265,7 @@ struct PrefillKernel {
           attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, true>(src, vt, group,
                                                                                                       valid, lane);
       }
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&s.v_raw_free[stage]);
+      sm90::mbarrier_arrive(&s.v_raw_free[stage]);
     } else if (valid < kBlockKeys) {
       const uint32_t values = sm90::smem_u32(s.v[stage]);
       const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
@@ -271,8 +274,7 @@ struct PrefillKernel {
                            make_uint4(0u, 0u, 0u, 0u));
     }
     sm90::fence_proxy_async_smem();  // generic writes, then wgmma reads them
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(&s.v_ready[stage]);
+    sm90::mbarrier_arrive(&s.v_ready[stage]);
   }
 
   static __device__ void producer(const PrefillParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
@@ -430,7 +432,7 @@ struct PrefillKernel {
       attention::zero(acc);
       const int n = t.num_blocks;
       if (n == 0) {
-        release(&s.q_free);
+        sm90::mbarrier_arrive(&s.q_free);
       } else {
         // Block 0: scores and softmax only.
         int stage = blocks.stage();
@@ -440,7 +442,7 @@ struct PrefillKernel {
         sm90::named_barrier_arrive(their_turn, kTurnThreads);
         retire_all();
         release(&s.k_free[stage]);
-        if (n == 1) release(&s.q_free);
+        if (n == 1) sm90::mbarrier_arrive(&s.q_free);
         mask_block(scores, 0, limit);
         softmax.step(scores, p.score_scale_log2, factor);
         take_probabilities(scores, probs, weight_sum, factor);
@@ -451,7 +453,7 @@ struct PrefillKernel {
           sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
           sm90::named_barrier_sync(my_turn, kTurnThreads);
           issue_scores(s, stage, me, scores);
-          attention::scale_rows<false>(acc, factor[0], factor[1]);  // to block j - 1's maxima
+          attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
           sm90::mbarrier_wait(&s.v_ready[previous.stage()], previous.full_parity());
           issue_values(s, previous.stage(), probs, acc);
           sm90::named_barrier_arrive(their_turn, kTurnThreads);
@@ -460,7 +462,7 @@ struct PrefillKernel {
           sm90::wgmma_wait<1>();
           sm90::fence_registers(scores);
           release(&s.k_free[stage]);
-          if (j == n - 1) release(&s.q_free);
+          if (j == n - 1) sm90::mbarrier_arrive(&s.q_free);
           mask_block(scores, j, limit);
           softmax.step(scores, p.score_scale_log2, factor);
           retire_all();
