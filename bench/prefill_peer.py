@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""speedmla prefill beside cuDNN attention, in one process, on the same inputs.
+r"""speedmla prefill beside cuDNN attention, in one process, on the same inputs.
 
 For each case of issue 12 (B requests of S tokens, H heads, causal, d_qk 192, d_v 128, normal data
 with std 1) the calls are interleaved, each after a 256 MB write that flushes the L2, timed with
@@ -14,11 +14,13 @@ Then the three extend shapes of issue 12 end to end through MlaBackend (H=128, F
 capacity 8192*4), and the same sequence step by step through the public operations, each step
 timed with CUDA events (the backend does not expose its steps).
 
-Run from the repository root on the GPU machine, after scripts/setup.sh built the module:
-  PYTHONPATH=python:.deps/pip python3 bench/prefill_peer.py [--iters 10] [--rest-ms 500]
-nvidia-cudnn-frontend comes from the carried wheels (scripts/download_wheels.sh):
+Run from the repository root on the GPU machine, with the build's module and tvm_ffi (which
+tests/python/run_gpu.sh installs into build/python-packages from the carried .whl/), and
+nvidia-cudnn-frontend from .whl/ too (scripts/download_wheels.sh):
   python3 -m pip install --no-index --find-links .whl --no-deps --target build/peer-packages nvidia-cudnn-frontend
-  PYTHONPATH=python:.deps/pip:build/peer-packages python3 bench/prefill_peer.py
+  PYTHONPATH=build/python-packages:.deps/pip:python:build/peer-packages \
+  SPEEDMLA_LIBRARY=build/libspeedmla_tvm_ffi.so TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
+    python3 bench/prefill_peer.py [--iters 10] [--rest-ms 500] [--cases 128,4,4096 ...] [--no-extend]
 """
 
 import argparse
