@@ -6,11 +6,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "speedmla/numeric.h"
+#include "speedmla/tensor.h"
 
 namespace speedmla::bench {
 
@@ -24,6 +29,23 @@ inline void cuda(cudaError_t status, const char* what) {
 inline double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Fills `bytes` of device memory with values of `dtype` (FP8 e4m3 or BF16) drawn from `dist`: a
+// host block of at most `block_bytes` drawn once, copied over and over.
+template <typename Distribution>
+void fill_device(void* dst, size_t bytes, size_t block_bytes, DType dtype, Distribution& dist, std::mt19937_64& rng) {
+  const size_t block = std::min(bytes, block_bytes);
+  std::vector<uint8_t> host(block);
+  if (dtype == DType::kFloat8E4M3) {
+    for (auto& b : host) b = float_to_fp8_e4m3(dist(rng));
+  } else {
+    auto* h = reinterpret_cast<uint16_t*>(host.data());
+    for (size_t i = 0; i < block / 2; ++i) h[i] = float_to_bf16(dist(rng));
+  }
+  for (size_t off = 0; off < bytes; off += block)
+    cuda(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
+         "fill");
 }
 
 // nvidia-smi's SM clock, power draw and active throttle reasons, queried over and over on a

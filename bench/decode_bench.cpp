@@ -87,18 +87,8 @@ struct Buffers {
 
 // Fills device memory with valid random values of `dtype` in [-1, 1) (no NaN codes).
 void fill_random(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
-  const size_t block = std::min(bytes, size_t{64} << 20);
-  std::vector<uint8_t> host(block);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  if (dtype == DType::kFloat8E4M3) {
-    for (auto& b : host) b = float_to_fp8_e4m3(u(rng));
-  } else {
-    auto* h = reinterpret_cast<uint16_t*>(host.data());
-    for (size_t i = 0; i < block / 2; ++i) h[i] = float_to_bf16(u(rng));
-  }
-  for (size_t off = 0; off < bytes; off += block)
-    cuda(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
-         "fill");
+  bench::fill_device(dst, bytes, size_t{64} << 20, dtype, u, rng);
 }
 
 struct Result {

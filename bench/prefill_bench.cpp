@@ -37,21 +37,11 @@ double prefill_flops(const PrefillCase& c) {
   return 2.0 * c.heads * (kPrefillQkDim + kPrefillVDim) * pairs * c.batch;
 }
 
-// Normal values (std 1) of `dtype` over `bytes` of device memory: a 64 MB block drawn once,
-// copied over and over (its length is no multiple of a row, so rows do not repeat in step).
+// Normal values (std 1) of `dtype` over `bytes` of device memory, from a block of just under 64 MB
+// (its length is no multiple of a row, so rows do not repeat in step).
 void fill_normal(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
-  const size_t block = std::min(bytes, (size_t{64} << 20) - 96);
-  std::vector<uint8_t> host(block);
   std::normal_distribution<float> normal(0.f, 1.f);
-  if (dtype == DType::kFloat8E4M3) {
-    for (auto& b : host) b = float_to_fp8_e4m3(normal(rng));
-  } else {
-    auto* h = reinterpret_cast<uint16_t*>(host.data());
-    for (size_t i = 0; i < block / 2; ++i) h[i] = float_to_bf16(normal(rng));
-  }
-  for (size_t off = 0; off < bytes; off += block)
-    cuda(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
-         "fill");
+  fill_device(dst, bytes, (size_t{64} << 20) - 96, dtype, normal, rng);
 }
 
 struct Buffers {

@@ -123,6 +123,16 @@ Error2 compare(const TensorView& got, const TensorView& ref) {
   return {std::sqrt(d2 / std::max(r2, 1e-300)), mx};
 }
 
+// The check column: `requests` requests of a GPU result against the CPU reference.
+std::string check_text(int64_t requests, const TensorView& out, const TensorView& ref_out, const TensorView& lse,
+                       const TensorView& ref_lse) {
+  const Error2 e = compare(out, ref_out), el = compare(lse, ref_lse);
+  char text[160];
+  std::snprintf(text, sizeof text, "%lld req: out rel L2 %.2e, lse max |err| %.1e", static_cast<long long>(requests),
+                e.rel_l2, el.max_abs);
+  return text;
+}
+
 // Median time of `fn` in ms: CUDA events on the GPU, the wall clock on the CPU.
 template <typename Fn>
 double time_ms(bool gpu, int iterations, Fn&& fn) {
@@ -274,12 +284,8 @@ int main(int argc, char** argv) {
       const TensorView q_host = o.dtype == DType::kFloat8E4M3 ? q.host_view() : q_bf16.host_view();
       mla_decode(rows(q_host, 0, sample), cache.host_view(), rows(block_table.host_view(), 0, sample),
                  rows(seq_lens.host_view(), 0, sample), ref_out.host_view(), ref_lse.host_view(), std::nullopt, scale, 1.f);
-      const Error2 e = compare(rows(out.host_view(), 0, sample), ref_out.host_view());
-      const Error2 el = compare(rows(lse.host_view(), 0, sample), ref_lse.host_view());
-      char text[160];
-      std::snprintf(text, sizeof text, "%lld req: out rel L2 %.2e, lse max |err| %.1e", static_cast<long long>(sample),
-                    e.rel_l2, el.max_abs);
-      check = text;
+      check = check_text(sample, rows(out.host_view(), 0, sample), ref_out.host_view(),
+                         rows(lse.host_view(), 0, sample), ref_lse.host_view());
     }
     const double e = static_cast<double>(dtype_size(o.dtype));
     const double flops = 2.0 * Q * total_tokens * H * (kCacheRowDim + kLatentDim);
@@ -336,12 +342,8 @@ int main(int argc, char** argv) {
       mla_prefill(rows(q_in.host_view(), 0, rows_checked), rows(k8.host_view(), 0, rows_checked),
                   rows(v8.host_view(), 0, rows_checked), cu_sample, cu_sample, ref_out.host_view(), ref_lse.host_view(),
                   true, scale, 1.f);
-      const Error2 e = compare(rows(out.host_view(), 0, rows_checked), ref_out.host_view());
-      const Error2 el = compare(rows(lse.host_view(), 0, rows_checked), ref_lse.host_view());
-      char text[160];
-      std::snprintf(text, sizeof text, "%lld req: out rel L2 %.2e, lse max |err| %.1e", static_cast<long long>(sample),
-                    e.rel_l2, el.max_abs);
-      check = text;
+      check = check_text(sample, rows(out.host_view(), 0, rows_checked), ref_out.host_view(),
+                         rows(lse.host_view(), 0, rows_checked), ref_lse.host_view());
     }
     char shape[160];
     std::snprintf(shape, sizeof shape, "%s %lld requests, %lld tokens, H=%lld, causal", dtype_name(o.dtype),

@@ -50,14 +50,8 @@ void check_case(const PrefillProblemSpec& spec) {
 
 PrefillProblemSpec make_spec(const std::string& name, DType dtype, int64_t heads, int64_t kv_heads, bool causal,
                              std::vector<PrefillLengths> requests) {
-  PrefillProblemSpec s;
-  s.name = name;
-  s.dtype = dtype;
-  s.heads = heads;
-  s.kv_heads = kv_heads;
-  s.causal = causal;
-  s.requests = std::move(requests);
-  return s;
+  return {.name = name, .dtype = dtype, .heads = heads, .kv_heads = kv_heads, .causal = causal,
+          .requests = std::move(requests)};
 }
 
 // The ragged batch of edge cases; the longest requests only where the reference can afford them.
