@@ -25,8 +25,9 @@ namespace {
 // Error bounds, per request.
 // BF16: scores in FP32 from exact BF16 inputs; P and the output are rounded to BF16 (a few 1e-3
 // at most). LSE: only FP32 rounding and exp2 approximations (~1e-5).
-// FP8: P is rounded to e4m3 (3 mantissa bits, up to 6 % per weight) before P·V: 2-3e-2
-// expected. A real bug costs far more: the wrong head or row gives an unrelated output (rel. L2
+// FP8: P is rounded to e4m3 (3 mantissa bits, up to 6 % per weight) before P·V: emulated in
+// NumPy on this data (P·2^7 rounded to e4m3, normalised by the rounded sums), 0.9e-2 per request
+// at 8 rows to 2.5e-2 at a thousand non-causal rows. A real bug costs far more: the wrong head or row gives an unrelated output (rel. L2
 // about 1.4), an off-by-one mask changes the early causal rows by order one (a request's rel.
 // L2 0.3-0.5 at a thousand rows), a dropped key tile 0.25 or more. The only bug FP8 cannot see,
 // one key missing from a row of a thousand (3 %), BF16 sees: both dtypes share the masking.
@@ -102,6 +103,22 @@ TEST_P(PrefillGpu, ManySmallRequests) {
         std::mt19937_64 rng = case_rng("many-small lengths");
         check_case(make_spec("many-small", dtype(), heads, kv_heads, causal, many_small_requests(rng)));
       }
+}
+
+// Head counts off the powers of two (H from 1 up, any multiple of H_kv).
+TEST_P(PrefillGpu, OddHeadCounts) {
+  for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{1, 1}, {3, 1}, {3, 3}, {20, 5}, {20, 20}})
+    check_case(make_spec("odd-heads", dtype(), heads, kv_heads, true, edge_requests(64)));
+}
+
+// Scores of tens (softmax_scale 0.5): a few keys dominate each row and its running maximum moves
+// from tile to tile, which exercises the online softmax's rescaling.
+TEST_P(PrefillGpu, SharpSoftmax) {
+  for (bool causal : {true, false}) {
+    PrefillProblemSpec spec = make_spec("sharp", dtype(), 16, 16, causal, edge_requests(32));
+    spec.softmax_scale = 0.5f;
+    check_case(spec);
+  }
 }
 
 // One request of more than 32K tokens, and a short one before it. The reference checks a sample
