@@ -165,6 +165,63 @@ TEST_P(PrefillGpu, StridedViews) {
   check_case(both);
 }
 
+// mla_prefill reads the lengths on the device and neither synchronises nor allocates: captured
+// once in a CUDA graph, it replays batches of other lengths (same buffers, same B) correctly.
+TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+  // Each batch has as many query rows as key rows, so that one set of buffers (600 rows, the rest
+  // spare) serves all three.
+  const std::vector<std::vector<PrefillLengths>> batches = {
+      {{100, 100}, {0, 5}, {300, 295}, {1, 1}},
+      {{1, 1}, {64, 64}, {129, 200}, {200, 129}},
+      {{400, 440}, {3, 2}, {0, 0}, {65, 26}},
+  };
+  const int64_t rows = 600;
+  std::vector<PrefillProblem> problems;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype(), 16, 16, true, batches[i]);
+    int64_t used = 0;
+    for (const PrefillLengths& r : batches[i]) used += r.q;
+    spec.spare_rows = rows - used;
+    problems.push_back(make_prefill_problem(spec));
+  }
+  DevicePrefill dev(problems[0]);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const PrefillProblemSpec& s = problems[0].spec;
+  std::string refused;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    mla_prefill(dev.q, dev.k, dev.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), s.causal,
+                s.softmax_scale, s.output_scale, reinterpret_cast<Stream>(stream));
+  } catch (const Error& error) {
+    refused = error.what();  // end the capture before failing, or every later test fails with it
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(refused.empty()) << refused;
+  ASSERT_EQ(captured, cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const PrefillProblem& pb : problems) {
+    dev.q_storage.upload(pb.q_storage);
+    dev.k_storage.upload(pb.k_storage);
+    dev.v_storage.upload(pb.v_storage);
+    dev.cu_q.upload(pb.cu_q);
+    dev.cu_k.upload(pb.cu_k);
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the graph's stream does not wait for the default one
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const PrefillErrors errors = compare_prefill(pb, dev.download(), prefill_reference(pb));
+    report(pb, errors.worst_out, errors.worst_lse, "(graph replay)");
+    expect_within(pb, errors, bounds(dtype()));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
