@@ -2,9 +2,10 @@
 // SPEEDMLA_TEST_SEED replays it), poisoned outputs, every element of every request checked,
 // bounds asserted request by request.
 //
-// The reference runs on the CPU (FP64, one thread per (row, head) block): the batches are sized
-// so that the whole file takes well under a minute on the GPU machine's 16 cores, the H=128
-// cells with shorter requests than the H=16 ones (the kernel's tiles do not depend on H).
+// The reference runs on the CPU (FP64, (row, head) pairs spread over the cores): the batches are
+// sized so that the whole file takes well under a minute on the GPU machine's 16 cores, which
+// keeps the longest requests (383 and 1000 rows) to the cells with fewer heads; every cell still
+// crosses the tile sizes 64 and 128 (63/64/65, 127/128/129, 200 rows).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
