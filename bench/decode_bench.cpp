@@ -1,7 +1,10 @@
-// speedmla-bench: times mla_decode over the grid of ../shared/spec/performance.md.
+// speedmla-bench: times mla_decode over the grid of ../shared/spec/performance.md, or
+// mla_prefill over the prefill cases of issue 12 (--prefill, prefill_bench.cpp).
 //
 //   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N]
 //                  [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
+//   speedmla-bench --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N]
+//   speedmla-bench --prefill-case fp8|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill)
 //
 // --rest-ms N leaves the GPU idle N ms before each case, so that every case starts from
 // about the same clocks and temperature: right after the heaviest cells of the grid, one
@@ -30,18 +33,15 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_common.h"
+#include "prefill_bench.h"
 #include "speedmla/speedmla.h"
 
 namespace {
 
 using namespace speedmla;
-
-void cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using bench::cuda;
+using bench::median;
 
 // Ceilings measured on the H200 (performance.md).
 constexpr double kReadTBs = 4.58, kFp8Tflops = 1267, kBf16Tflops = 700;
@@ -85,25 +85,10 @@ struct Buffers {
   void *q = nullptr, *out = nullptr, *lse = nullptr, *workspace = nullptr, *table = nullptr, *lens = nullptr;
 };
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Fills device memory with valid random values of `dtype` in [-1, 1) (no NaN codes).
 void fill_random(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
-  const size_t block = std::min(bytes, size_t{64} << 20);
-  std::vector<uint8_t> host(block);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  if (dtype == DType::kFloat8E4M3) {
-    for (auto& b : host) b = float_to_fp8_e4m3(u(rng));
-  } else {
-    auto* h = reinterpret_cast<uint16_t*>(host.data());
-    for (size_t i = 0; i < block / 2; ++i) h[i] = float_to_bf16(u(rng));
-  }
-  for (size_t off = 0; off < bytes; off += block)
-    cuda(cudaMemcpy(static_cast<uint8_t*>(dst) + off, host.data(), std::min(block, bytes - off), cudaMemcpyHostToDevice),
-         "fill");
+  bench::fill_device(dst, bytes, size_t{64} << 20, dtype, u, rng);
 }
 
 struct Result {
@@ -181,8 +166,20 @@ int main(int argc, char** argv) {
   std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
   std::vector<int> pages;
   std::vector<Case> only;
+  bool prefill = false;
+  std::vector<bench::PrefillCase> prefill_only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--prefill")) prefill = true;
+    else if (!std::strcmp(argv[i], "--prefill-case") && i + 1 < argc) {
+      bench::PrefillCase c{};
+      if (!bench::parse_prefill_case(argv[++i], c)) {
+        std::fprintf(stderr, "--prefill-case wants fp8|bf16,H,B,LEN,CAUSAL (e.g. bf16,128,4,4096,1)\n");
+        return 2;
+      }
+      prefill_only.push_back(c);
+      prefill = true;
+    }
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--rest-ms") && i + 1 < argc) rest_ms = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
@@ -202,8 +199,9 @@ int main(int argc, char** argv) {
       dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--case ...]\n",
-                   argv[0]);
+                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--case ...]\n"
+                   "       %s --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N] [--prefill-case ...]\n",
+                   argv[0], argv[0]);
       return 2;
     }
   }
@@ -216,6 +214,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   cuda(cudaGetDeviceProperties(&prop, 0), "props");
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  if (prefill)
+    return bench::run_prefill_cases(prefill_only.empty() ? bench::prefill_grid(dtypes) : prefill_only, iters, rest_ms);
 
   std::vector<Case> cases;
   const std::vector<int> lens = quick ? std::vector<int>{8192} : std::vector<int>{4096, 8192, 16384, 32768};

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command for the GPU machine: every GPU test, then the decode benchmark; a short summary
-# last. Full logs go under $OUT when it is set (the device tool brings them back), else under
+# One command for the GPU machine: every GPU test, then the decode and prefill benchmarks; a
+# short summary last. Full logs go under $OUT when it is set (the device tool brings them back), else under
 # build/gpu-check/.
 #
 #   scripts/gpu-check.sh [--tests-only | --bench-only] [--filter GTEST_FILTER] [--bench-args "..."]
@@ -8,8 +8,9 @@
 #
 # --filter narrows the GoogleTest cases and leaves the Python GPU tests out.
 # Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
-# SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode subset under
-# compute-sanitizer (memcheck, racecheck and synccheck).
+# SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode and prefill subset
+# under compute-sanitizer (memcheck, racecheck and synccheck). --bench-args go to the decode
+# benchmark; the prefill grid (speedmla-bench --prefill) runs after it with its defaults.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${SPEEDMLA_BUILD_DIR:-$root/build}"
@@ -46,10 +47,16 @@ if [ "$run_tests" = 1 ]; then
   [ $rc -ne 0 ] && status=1
   summary+=("gpu tests (rc=$rc): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$logs/gpu_tests.log" | tr '\n' ' ')")
   while IFS= read -r line; do summary+=("  $line"); done < <(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gpu_tests.log" | head -20)
-  # Worst measured errors per dtype, from the decode tests' own report lines.
+  # Worst measured errors per dtype, from the decode and prefill tests' own report lines.
   for dtype in float8_e4m3fn bfloat16; do
     worst=$(grep "^\[ decode \] $dtype" "$logs/gpu_tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1/' | sort -g | tail -1)
     [ -n "$worst" ] && summary+=("  decode $dtype: worst rel L2 error $worst over $(grep -c "^\[ decode \] $dtype" "$logs/gpu_tests.log") cases")
+    lines=$(grep "^\[ prefill \] $dtype" "$logs/gpu_tests.log")
+    if [ -n "$lines" ]; then
+      worst=$(sed -E 's/.* out rel_l2=([^ ]+).*/\1/' <<< "$lines" | sort -g | tail -1)
+      worst_lse=$(sed -E 's/.* lse max_abs=([^ ]+).*/\1/' <<< "$lines" | sort -g | tail -1)
+      summary+=("  prefill $dtype: worst per-request rel L2 error $worst, worst lse error $worst_lse over $(wc -l <<< "$lines") cases")
+    fi
   done
   # The Python tests take no GoogleTest filter: they run with the full set only.
   if [ "$filter" = "*" ] && [ -x "$root/tests/python/run_gpu.sh" ]; then
@@ -63,7 +70,8 @@ fi
 if [ "$sanitize" = 1 ]; then
   for tool in memcheck racecheck synccheck; do
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
-      --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*' > "$logs/sanitize_$tool.log" 2>&1
+      --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*:*BackendPrefillGpu.SingleLoopAndNoLoop*' \
+      > "$logs/sanitize_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
     summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E '(ERROR|RACECHECK) SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
@@ -76,10 +84,14 @@ if [ "$run_bench" = 1 ]; then
   rc=$?
   [ $rc -ne 0 ] && status=1
   summary+=("benchmark (rc=$rc): $logs/bench.log")
+  timeout 300 stdbuf -oL "$build/speedmla-bench" --prefill > "$logs/bench_prefill.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("prefill benchmark (rc=$rc): $logs/bench_prefill.log")
 fi
 
 echo
 echo "==================== speedmla gpu-check summary ===================="
 printf '%s\n' "${summary[@]}"
-if [ "$run_bench" = 1 ]; then cat "$logs/bench.log"; fi
+if [ "$run_bench" = 1 ]; then cat "$logs/bench.log" "$logs/bench_prefill.log"; fi
 exit $status

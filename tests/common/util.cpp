@@ -3,11 +3,31 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
 namespace speedmla::test {
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("SPEEDMLA_TEST_SEED");
+    const uint64_t value = env && *env ? std::strtoull(env, nullptr, 10) : std::random_device{}() % 1000000;
+    std::printf("[ seed ] SPEEDMLA_TEST_SEED=%llu replays this run's random data\n",
+                static_cast<unsigned long long>(value));
+    return value;
+  }();
+  return seed;
+}
+
+std::mt19937_64 case_rng(std::string_view case_name) {
+  std::seed_seq seq{static_cast<uint32_t>(test_seed()), static_cast<uint32_t>(test_seed() >> 32),
+                    static_cast<uint32_t>(std::hash<std::string_view>{}(case_name))};
+  return std::mt19937_64(seq);
+}
 
 bool has_gpu() {
   static const bool available = [] {
@@ -91,6 +111,27 @@ void DeviceTensor::fill_bytes(uint8_t byte) {
   if (nbytes_) cuda_check(cudaMemset(ptr_, byte, nbytes_), "cudaMemset");
 }
 
+namespace {
+
+size_t checked_bytes(const TensorView& device, const HostTensor& host, const char* what) {
+  const size_t bytes = static_cast<size_t>(device.numel()) * dtype_size(device.dtype);
+  if (!device.is_contiguous() || bytes != host.nbytes())
+    throw std::runtime_error(std::string(what) + ": the device view must be contiguous and as large as the host tensor");
+  return bytes;
+}
+
+}  // namespace
+
+void copy_from_device(const TensorView& device, HostTensor& host) {
+  const size_t bytes = checked_bytes(device, host, "copy_from_device");
+  if (bytes) cuda_check(cudaMemcpy(host.view().data, device.data, bytes, cudaMemcpyDeviceToHost), "copy_from_device");
+}
+
+void copy_to_device(const HostTensor& host, const TensorView& device) {
+  const size_t bytes = checked_bytes(device, host, "copy_to_device");
+  if (bytes) cuda_check(cudaMemcpy(device.data, host.view().data, bytes, cudaMemcpyHostToDevice), "copy_to_device");
+}
+
 double get(const HostTensor& t, int64_t i) {
   switch (t.view().dtype) {
     case DType::kFloat8E4M3: return fp8_e4m3_to_float(t.data<uint8_t>()[i]);
@@ -135,9 +176,15 @@ std::string ErrorStats::summary() const {
 
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
   if (actual.numel() != expected.numel()) throw std::runtime_error("compare: element counts differ");
+  return compare(actual, expected, 0, actual.numel());
+}
+
+ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > actual.numel() || end > expected.numel())
+    throw std::runtime_error("compare: range outside the tensors");
   ErrorStats s;
   double diff2 = 0, ref2 = 0;
-  for (int64_t i = 0; i < actual.numel(); ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     const double a = get(actual, i), b = get(expected, i);
     if (std::isinf(b) || std::isinf(a)) {
       if (a != b) ++s.mismatched_inf;

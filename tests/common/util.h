@@ -6,11 +6,19 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "speedmla/speedmla.h"
 
 namespace speedmla::test {
+
+// The run's base seed: $SPEEDMLA_TEST_SEED when set, else a fresh one. Printed on first use
+// ("[ seed ] ..."), so that exporting it replays a failed run with the same data.
+uint64_t test_seed();
+// A generator for one named case, seeded from test_seed() and the name: a case draws the same
+// data whichever other cases run before it (a --gtest_filter replay included).
+std::mt19937_64 case_rng(std::string_view case_name);
 
 // True when a CUDA device is usable; GPU tests GTEST_SKIP() otherwise.
 bool has_gpu();
@@ -68,6 +76,11 @@ class DeviceTensor {
   TensorView view_;
 };
 
+// Copies between a contiguous device view and a host tensor of the same byte size; synchronous
+// (they wait for the work queued on the device before them).
+void copy_from_device(const TensorView& device, HostTensor& host);
+void copy_to_device(const HostTensor& host, const TensorView& device);
+
 // Element i (flat, row-major over a contiguous tensor) as double, and the reverse (rounding
 // as the library's conversions do).
 double get(const HostTensor& t, int64_t i);
@@ -87,5 +100,7 @@ struct ErrorStats {
 };
 // Compares every element of `actual` with `expected` (same shape, any float dtypes).
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected);
+// The same over the flat elements [begin, end) of both.
+ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end);
 
 }  // namespace speedmla::test

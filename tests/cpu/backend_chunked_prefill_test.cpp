@@ -10,6 +10,7 @@
 
 #include "backend/views.h"
 #include "backend_testing.h"
+#include "common/prefix_expansion.h"
 #include "speedmla/backend.h"
 #include "speedmla/chunked_prefill.h"
 #include "speedmla/error.h"
@@ -155,47 +156,6 @@ TEST(BackendExtendMetadata, SlotListsByHand) {
 
 constexpr int64_t kNope = 128;  // k_nope and v width per head
 
-// The test's stand-in for the model's kv_b_proj: k_nope = latent · Wk[h], v = latent · Wv[h]
-// (over a few latent dims to stay cheap), k_rope = the rope part broadcast to every head.
-struct Expansion {
-  int64_t heads;
-  std::vector<float> wk, wv;  // [heads, kUsedLatent, 128]
-  static constexpr int64_t kUsedLatent = 8;
-
-  Expansion(int64_t h, std::mt19937_64& rng) : heads(h) {
-    std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
-    wk.resize(h * kUsedLatent * kNope);
-    wv.resize(wk.size());
-    for (float& w : wk) w = dist(rng);
-    for (float& w : wv) w = dist(rng);
-  }
-
-  // latent [n, 576] BF16 -> k [n, H, 192], v [n, H, 128] BF16, all rows contiguous.
-  void operator()(const TensorView& latent, const TensorView& k, const TensorView& v) const {
-    const auto* in = latent.ptr<const uint16_t>();
-    auto* k_out = k.ptr<uint16_t>();
-    auto* v_out = v.ptr<uint16_t>();
-    for (int64_t t = 0; t < latent.shape[0]; ++t) {
-      const uint16_t* row = in + t * latent.strides[0];
-      for (int64_t h = 0; h < heads; ++h) {
-        uint16_t* kr = k_out + t * k.strides[0] + h * k.strides[1];
-        uint16_t* vr = v_out + t * v.strides[0] + h * v.strides[1];
-        for (int64_t d = 0; d < kNope; ++d) {
-          float sk = 0, sv = 0;
-          for (int64_t j = 0; j < kUsedLatent; ++j) {
-            const float x = bf16_to_float(row[j]);
-            sk += x * wk[(h * kUsedLatent + j) * kNope + d];
-            sv += x * wv[(h * kUsedLatent + j) * kNope + d];
-          }
-          kr[d] = float_to_bf16(sk);
-          vr[d] = float_to_bf16(sv);
-        }
-        std::memcpy(kr + kNope, row + 512, 64 * sizeof(uint16_t));
-      }
-    }
-  }
-};
-
 TEST(BackendChunkedPrefill, PrefixOverSeveralLoopsEqualsOneShotAttention) {
   std::mt19937_64 rng(11);
   const int64_t heads = 4;
@@ -210,7 +170,7 @@ TEST(BackendChunkedPrefill, PrefixOverSeveralLoopsEqualsOneShotAttention) {
   // The cache: 8 pages of 8 rows, NaN everywhere the prefixes do not reach.
   HostTensor cache(DType::kBFloat16, {8, 8, 576});
   fill_bytes(cache, 0xFF);
-  Expansion expand(heads, rng);
+  const PrefixExpansion expand(heads, rng);
   // Every request's full key sequence: prefix latents (in the cache) then new-token latents.
   std::vector<HostTensor> latents;
   for (int64_t b = 0; b < n; ++b) {

@@ -1,7 +1,8 @@
 """speedmla with PyTorch on a CUDA device: operations against their CPU path, a decode step
 through the backend against the CPU backend (the reference), a torch.cuda.graph captured once
-and replayed with three different batches, and the chunked prefill once mla_prefill runs on the
-GPU. Skipped without PyTorch or a CUDA device."""
+and replayed with three different batches, mla_prefill against a float64 reference, and the
+chunked prefill through the backend against its CPU path. Skipped without PyTorch or a CUDA
+device."""
 
 from types import SimpleNamespace
 
@@ -170,43 +171,105 @@ def test_cuda_graph_captured_once_replays_three_batches():
         assert torch.isfinite(out[real * q_len:].float()).all()
 
 
-def test_chunked_prefill_on_the_gpu_equals_the_cpu_path():
+# mla_prefill bounds per request against a float64 reference (as tests/gpu/prefill_test.cpp):
+# BF16 rounds P and the output to BF16; FP8 rounds P to e4m3 (2-3e-2 expected). A wrong mask,
+# head or row costs far more (rel. L2 0.2 to 1.4).
+PREFILL_BOUND = {"bfloat16": (5e-3, 2e-3), "float8_e4m3fn": (6e-2, 4e-2)}  # (out rel L2, lse max abs)
+
+
+def prefill_reference(q, k, v, cu_q, cu_k, causal, scale):
+    """Ragged attention in float64 on the CPU, straight from the definition (contract §4.2)."""
+    q, k, v = (t.cpu().double() for t in (q, k, v))
+    heads, group = q.shape[1], q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape[0], heads, 128, dtype=torch.float64)
+    lse = torch.full((q.shape[0], heads), float("-inf"), dtype=torch.float64)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        len_q, len_k = q1 - q0, k1 - k0
+        if len_q == 0 or len_k == 0:
+            continue
+        keys = k[k0:k1].repeat_interleave(group, dim=1)
+        values = v[k0:k1].repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1], keys) * scale
+        if causal:  # bottom-right: query i sees key j iff j <= i + len_k - len_q
+            hidden = torch.arange(len_k)[None, :] > torch.arange(len_q)[:, None] + (len_k - len_q)
+            scores = scores.masked_fill(hidden, float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.nan_to_num(torch.exp(scores - row_lse[..., None]), nan=0.0)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", weights, values)
+        lse[q0:q1] = row_lse.T
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kv_heads", [16, 1])
+def test_mla_prefill_on_cuda_matches_a_float64_reference(dtype, causal, kv_heads):
+    g = torch.Generator().manual_seed(6)
+    heads, scale = 16, 192 ** -0.5
+    lengths = [(0, 3), (5, 0), (1, 1), (70, 130), (130, 70), (65, 65), (129, 129), (300, 300), (0, 0)]
+    cu_q = torch.tensor([0] + [q for q, _ in lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    torch_dtype = getattr(torch, dtype)  # normal data, rounded to the dtype; the reference reads it
+    q = torch.randn(int(cu_q[-1]), heads, 192, generator=g).to(torch_dtype)
+    k = torch.randn(int(cu_k[-1]), kv_heads, 192, generator=g).to(torch_dtype)
+    v = torch.randn(int(cu_k[-1]), kv_heads, 128, generator=g).to(torch_dtype)
+    out, lse = speedmla.mla_prefill(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), causal=causal,
+                                    softmax_scale=scale, return_lse=True)
+    torch.cuda.synchronize()
+    assert out.is_cuda and out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    expected_out, expected_lse = prefill_reference(q, k, v, cu_q, cu_k, causal, scale)
+    out, lse = out.cpu().double(), lse.cpu().double()
+    out_bound, lse_bound = PREFILL_BOUND[dtype]
+    for b, (len_q, len_k) in enumerate(lengths):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        where = f"request {b} (len_q {len_q}, len_k {len_k})"
+        no_key = torch.isneginf(expected_lse[rows])
+        assert torch.equal(torch.isneginf(lse[rows]), no_key), where
+        assert torch.all(out[rows][no_key] == 0), where + ": rows without keys must be exactly 0"
+        assert torch.isfinite(out[rows]).all() and not torch.isnan(lse[rows]).any(), where
+        if (~no_key).any():
+            assert rel_l2(out[rows], expected_out[rows]) <= out_bound, where
+            assert (lse[rows][~no_key] - expected_lse[rows][~no_key]).abs().max() <= lse_bound, where
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_chunked_prefill_on_the_gpu_equals_the_cpu_path(dtype):
     g = torch.Generator().manual_seed(5)
+    torch_dtype = getattr(torch, dtype)
     heads, prefix, fresh = 2, [23, 4, 0], [3, 6, 2]
     table = torch.zeros(4, 13, dtype=torch.int32)
     table[1, :2], table[3, 0], table[0, 0] = torch.tensor([7, 3]), 9, 5
     pool = torch.tensor([1, 3, 0])
-    cache = (torch.rand(13 * PAGE, 1, 576, generator=g) * 2 - 1).bfloat16()
+    cache = (torch.rand(13 * PAGE, 1, 576, generator=g) * 2 - 1).to(torch_dtype)
     w_k = torch.rand(heads, 512, 128, generator=g) * 0.1 - 0.05
     w_v = torch.rand(heads, 512, 128, generator=g) - 0.5
-    q = (torch.rand(sum(fresh), heads, 192, generator=g) * 2 - 1).bfloat16()
+    q = (torch.rand(sum(fresh), heads, 192, generator=g) * 2 - 1).to(torch_dtype)
     self_k = (torch.rand(sum(fresh), heads, 192, generator=g) * 2 - 1).bfloat16()
     self_v = (torch.rand(sum(fresh), heads, 128, generator=g) * 2 - 1).bfloat16()
     cu_q = torch.tensor([0, 3, 9, 11], dtype=torch.int32)
 
-    def expand(latent, k, v):
+    def expand(latent, k, v):  # the model's kv_b_proj; k and v in q's dtype
         x = latent[:, :512].float()
-        k[..., :128] = torch.einsum("nd,hde->nhe", x, w_k.to(x.device)).bfloat16()
-        k[..., 128:] = latent[:, None, 512:]
-        v[...] = torch.einsum("nd,hde->nhe", x, w_v.to(x.device)).bfloat16()
+        k[..., :128] = torch.einsum("nd,hde->nhe", x, w_k.to(x.device)).to(k.dtype)
+        k[..., 128:] = latent[:, None, 512:].to(k.dtype)
+        v[...] = torch.einsum("nd,hde->nhe", x, w_v.to(x.device)).to(v.dtype)
 
     results = {}
     for device in ("cpu", "cuda"):
-        backend = speedmla.MlaBackend(config(device, num_heads=heads, tp_size=1, kv_cache_dtype="bfloat16",
+        backend = speedmla.MlaBackend(config(device, num_heads=heads, tp_size=1, kv_cache_dtype=dtype,
                                              context_len=200, chunked_prefill_capacity=10))
         backend.init_forward_metadata(3, 3, pool.to(device), torch.tensor([26, 10, 2], dtype=torch.int32,
                                                                           device=device),
                                       "extend", table.to(device), extend_prefix_lens_cpu=prefix,
                                       extend_seq_lens_cpu=fresh)
-        try:
-            out, lse = backend.forward_extend_chunked(
-                q.to(device), self_k.to(device), self_v.to(device), 0.08, None,
-                cum_seq_lens_q=cu_q.to(device), cum_seq_lens_kv=cu_q.to(device), causal=True)
-        except speedmla.Error as error:
-            if device == "cuda" and "GPU path is not available" in str(error):
-                pytest.skip("mla_prefill has no GPU path yet")
-            raise
+        out, lse = backend.forward_extend_chunked(
+            q.to(device), self_k.to(device), self_v.to(device), 0.08, None,
+            cum_seq_lens_q=cu_q.to(device), cum_seq_lens_kv=cu_q.to(device), causal=True)
         backend.attend_cached_prefix(q.to(device), cache.to(device), expand, out, lse, 0.08)
         results[device] = (out.cpu(), lse.cpu())
-    assert rel_l2(results["cuda"][0], results["cpu"][0]) < 2e-2
-    torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=1e-3, atol=1e-3)
+    # The CPU path computes in FP64 from the same inputs: the GPU's error is the kernels' (FP8 P
+    # rounding) plus one BF16 rounding of the running output per merge.
+    out_bound, lse_bound = {"bfloat16": (2e-2, 1e-3), "float8_e4m3fn": (8e-2, 4e-2)}[dtype]
+    assert rel_l2(results["cuda"][0], results["cpu"][0]) < out_bound
+    torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=lse_bound, atol=lse_bound)

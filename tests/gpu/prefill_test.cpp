@@ -1,0 +1,288 @@
+// mla_prefill on the GPU against the CPU reference: fresh normal data (the seed is printed;
+// SPEEDMLA_TEST_SEED replays it), poisoned outputs, every element of every request checked,
+// bounds asserted request by request.
+//
+// The reference runs on the CPU (FP64, (row, head) pairs spread over the cores): the batches are
+// sized so that the whole file takes well under a minute on the GPU machine's 16 cores, which
+// keeps the longest requests (383 and 1000 rows) to the cells with fewer heads; every cell still
+// crosses the tile sizes 64 and 128 (63/64/65, 127/128/129, 200 rows).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/views.h"
+#include "common/prefill_problem.h"
+#include "common/util.h"
+
+namespace speedmla::test {
+namespace {
+
+// Error bounds, per request.
+// BF16: scores in FP32 from exact BF16 inputs; P and the output are rounded to BF16 (a few 1e-3
+// at most). LSE: only FP32 rounding and exp2 approximations (~1e-5).
+// FP8: P is rounded to e4m3 (3 mantissa bits, up to 6 % per weight) before P·V: emulated in
+// NumPy on this data (P·2^7 rounded to e4m3, normalised by the rounded sums), 0.9e-2 per request
+// at 8 rows to 2.5e-2 at a thousand non-causal rows. A real bug costs far more: the wrong head or row gives an unrelated output (rel. L2
+// about 1.4), an off-by-one mask changes the early causal rows by order one (a request's rel.
+// L2 0.3-0.5 at a thousand rows), a dropped key tile 0.25 or more. The only bug FP8 cannot see,
+// one key missing from a row of a thousand (3 %), BF16 sees: both dtypes share the masking.
+// FP8 LSE: exact when the kernel sums the unrounded weights, up to ~2-3e-2 on short rows when
+// it sums the e4m3-rounded ones; a wrong scale, max or base moves it by whole units, and a mask
+// bug in the first causal rows by ~0.5.
+PrefillBounds bounds(DType dtype) {
+  return dtype == DType::kFloat8E4M3 ? PrefillBounds{6e-2, 4e-2} : PrefillBounds{5e-3, 2e-3};
+}
+
+// Runs one problem on the GPU, compares every request with the reference, reports and asserts.
+void check_case(const PrefillProblemSpec& spec) {
+  const PrefillProblem pb = make_prefill_problem(spec);
+  const PrefillResult ref = prefill_reference(pb);
+  DevicePrefill dev(pb);
+  dev.run(spec);
+  const PrefillErrors errors = compare_prefill(pb, dev.download(), ref);
+  report(pb, errors.worst_out, errors.worst_lse);
+  expect_within(pb, errors, bounds(spec.dtype));
+}
+
+PrefillProblemSpec make_spec(const std::string& name, DType dtype, int64_t heads, int64_t kv_heads, bool causal,
+                             std::vector<PrefillLengths> requests) {
+  return {.name = name, .dtype = dtype, .heads = heads, .kv_heads = kv_heads, .causal = causal,
+          .requests = std::move(requests)};
+}
+
+// The ragged batch of edge cases; the longest requests only where the reference can afford them.
+std::vector<PrefillLengths> edge_requests(int64_t heads) {
+  std::vector<PrefillLengths> r = {
+      {0, 0}, {0, 17},                // no query, with and without keys
+      {5, 0},                         // no key: out 0, lse -inf
+      {1, 1}, {1, 300},               // one query
+      {200, 1}, {150, 70},            // len_q > len_k: causal rows [0, len_q - len_k) see no key
+      {70, 150},                      // len_q < len_k
+      {63, 63}, {64, 64}, {65, 65},   // around the tile sizes
+      {127, 127}, {128, 128}, {129, 129}, {200, 200},
+  };
+  if (heads <= 32) r.insert(r.end(), {{383, 129}, {65, 383}, {383, 383}});
+  if (heads <= 16) r.push_back({1000, 1000});
+  r.push_back({0, 9});  // an empty request last
+  return r;
+}
+
+// 320 requests of 0 to 32 queries and keys (a few with none of either).
+std::vector<PrefillLengths> many_small_requests(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> len(0, 32);
+  std::vector<PrefillLengths> r(320);
+  for (size_t i = 0; i < r.size(); ++i) {
+    r[i].k = len(rng);
+    r[i].q = i % 4 == 0 ? r[i].k : len(rng);  // every fourth a plain self-attention request
+  }
+  return r;
+}
+
+class PrefillGpu : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { SPEEDMLA_REQUIRE_GPU(); }
+  DType dtype() const { return GetParam(); }
+};
+
+TEST_P(PrefillGpu, RaggedEdgeCases) {
+  for (bool causal : {true, false})
+    for (int64_t heads : {16, 32, 64, 128})
+      for (int64_t kv_heads : {heads, int64_t{1}})
+        check_case(make_spec("edges", dtype(), heads, kv_heads, causal, edge_requests(heads)));
+}
+
+TEST_P(PrefillGpu, ManySmallRequests) {
+  for (bool causal : {true, false})
+    for (int64_t heads : {16, 128})
+      for (int64_t kv_heads : {heads, int64_t{1}}) {
+        std::mt19937_64 rng = case_rng("many-small lengths");
+        check_case(make_spec("many-small", dtype(), heads, kv_heads, causal, many_small_requests(rng)));
+      }
+}
+
+// Head counts off the powers of two (H from 1 up, any multiple of H_kv).
+TEST_P(PrefillGpu, OddHeadCounts) {
+  for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{1, 1}, {3, 1}, {3, 3}, {20, 5}, {20, 20}})
+    check_case(make_spec("odd-heads", dtype(), heads, kv_heads, true, edge_requests(64)));
+}
+
+// Scores of tens (softmax_scale 0.5): a few keys dominate each row and its running maximum moves
+// from tile to tile, which exercises the online softmax's rescaling.
+TEST_P(PrefillGpu, SharpSoftmax) {
+  for (bool causal : {true, false}) {
+    PrefillProblemSpec spec = make_spec("sharp", dtype(), 16, 16, causal, edge_requests(32));
+    spec.softmax_scale = 0.5f;
+    check_case(spec);
+  }
+}
+
+// One request of more than 32K tokens, and a short one before it. The reference checks a sample
+// of its rows (first and last, tile boundaries ±1, random ones), each as a one-row request over
+// the keys it sees; every other element must be finite (written, and no NaN from the poison).
+TEST_P(PrefillGpu, LongRequestSampledRows) {
+  const PrefillProblemSpec spec = make_spec("long", dtype(), 16, 16, true, {{3, 40}, {32805, 32805}});
+  const PrefillProblem pb = make_prefill_problem(spec);
+  DevicePrefill dev(pb);
+  dev.run(spec);
+  const PrefillResult gpu = dev.download();
+
+  const PrefillResult ref_short = prefill_reference_rows(pb, 0, {0, 1, 2});
+  const RequestErrors short_errors = compare_rows(pb, 0, select_rows(gpu, pb.q_begin[0], {0, 1, 2}), ref_short);
+  std::mt19937_64 rng = case_rng(spec.label() + " rows");
+  const std::vector<int64_t> rows = sample_rows(spec.requests[1].q, 8, rng);
+  const RequestErrors long_errors =
+      compare_rows(pb, 1, select_rows(gpu, pb.q_begin[1], rows), prefill_reference_rows(pb, 1, rows));
+  int64_t nonfinite = 0;
+  for (int64_t i = 0; i < pb.q_begin.back() * spec.heads * kPrefillVDim; ++i) nonfinite += !std::isfinite(get(gpu.out, i));
+  for (int64_t i = 0; i < pb.q_begin.back() * spec.heads; ++i) nonfinite += !std::isfinite(get(gpu.lse, i));
+
+  report(pb, std::max(short_errors.out.rel_l2, long_errors.out.rel_l2),
+         std::max(short_errors.lse.max_abs, long_errors.lse.max_abs), "(" + std::to_string(rows.size()) + " rows sampled)");
+  expect_within(pb, short_errors, bounds(dtype()));
+  expect_within(pb, long_errors, bounds(dtype()));
+  EXPECT_EQ(nonfinite, 0) << spec.label() << ": every row sees a key, so every element must be finite";
+}
+
+// q, k and v as views of wider buffers: heads padded (head stride D + 16 bytes), or tokens
+// padded (token stride H·D + 16 bytes); the gaps hold NaN.
+TEST_P(PrefillGpu, StridedViews) {
+  const int64_t pad = 16 / static_cast<int64_t>(dtype_size(dtype()));
+  PrefillProblemSpec heads_padded = make_spec("head-padded", dtype(), 32, 32, true, edge_requests(64));
+  heads_padded.head_pad = pad;
+  check_case(heads_padded);
+  PrefillProblemSpec tokens_padded = make_spec("token-padded", dtype(), 16, 1, false, edge_requests(64));
+  tokens_padded.token_pad = 3 * pad;
+  check_case(tokens_padded);
+  PrefillProblemSpec both = make_spec("both-padded", dtype(), 16, 4, true, edge_requests(64));
+  both.head_pad = 2 * pad;
+  both.token_pad = pad;
+  both.output_scale = 0.5f;
+  check_case(both);
+}
+
+// mla_prefill reads the lengths on the device and neither synchronises nor allocates: captured
+// once in a CUDA graph, it replays batches of other lengths (same buffers, same B) correctly.
+TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+  // Each batch has as many query rows as key rows, so that one set of buffers (600 rows, the rest
+  // spare) serves all three.
+  const std::vector<std::vector<PrefillLengths>> batches = {
+      {{100, 100}, {0, 5}, {300, 295}, {1, 1}},
+      {{1, 1}, {64, 64}, {129, 200}, {200, 129}},
+      {{400, 440}, {3, 2}, {0, 0}, {65, 26}},
+  };
+  const int64_t rows = 600;
+  std::vector<PrefillProblem> problems;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype(), 16, 16, true, batches[i]);
+    int64_t used = 0;
+    for (const PrefillLengths& r : batches[i]) used += r.q;
+    spec.spare_rows = rows - used;
+    problems.push_back(make_prefill_problem(spec));
+  }
+  DevicePrefill dev(problems[0]);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const PrefillProblemSpec& s = problems[0].spec;
+  std::string refused;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    mla_prefill(dev.q, dev.k, dev.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), s.causal,
+                s.softmax_scale, s.output_scale, reinterpret_cast<Stream>(stream));
+  } catch (const Error& error) {
+    refused = error.what();  // end the capture before failing, or every later test fails with it
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(refused.empty()) << refused;
+  ASSERT_EQ(captured, cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const PrefillProblem& pb : problems) {
+    dev.q_storage.upload(pb.q_storage);
+    dev.k_storage.upload(pb.k_storage);
+    dev.v_storage.upload(pb.v_storage);
+    dev.cu_q.upload(pb.cu_q);
+    dev.cu_k.upload(pb.cu_k);
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the graph's stream does not wait for the default one
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const PrefillErrors errors = compare_prefill(pb, dev.download(), prefill_reference(pb));
+    report(pb, errors.worst_out, errors.worst_lse, "(graph replay)");
+    expect_within(pb, errors, bounds(dtype()));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// What the GPU path refuses (the CPU reference takes any strides): data pointers not 16-byte
+// aligned and strides other than the last that are not multiples of 16 bytes.
+TEST(PrefillGpuErrors, MisalignedStridesAndPointers) {
+  SPEEDMLA_REQUIRE_GPU();
+  for (DType dtype : {DType::kFloat8E4M3, DType::kBFloat16}) {
+    const int64_t e = static_cast<int64_t>(dtype_size(dtype)), eight_bytes = 8 / e;
+    PrefillProblemSpec spec = make_spec("refused", dtype, 4, 2, true, {{7, 9}});
+    spec.head_pad = eight_bytes;  // room for head strides 8 bytes past the head dim
+    spec.token_pad = 16 / e;
+    const PrefillProblem pb = make_prefill_problem(spec);
+    DevicePrefill dev(pb);
+    // The aligned views, packed: head stride D, token stride H·D (+ 16 bytes).
+    auto packed = [&](TensorView v) {
+      v.strides[1] = v.shape[2];
+      v.strides[0] = v.shape[1] * v.shape[2] + 16 / e;
+      return v;
+    };
+    const TensorView q = packed(dev.q), k = packed(dev.k), v = packed(dev.v);
+    struct Bad {
+      const char* name;
+      TensorView q, k, v;
+    };
+    std::vector<Bad> cases;
+    for (const char* name : {"q", "k", "v"}) {
+      auto with = [&](const std::function<void(TensorView&)>& change) {
+        Bad bad{name, q, k, v};
+        TensorView& t = name[0] == 'q' ? bad.q : name[0] == 'k' ? bad.k : bad.v;
+        change(t);
+        cases.push_back(bad);
+      };
+      with([&](TensorView& t) { t.strides[0] += eight_bytes; });  // token stride 8 bytes off
+      with([&](TensorView& t) { t.strides[1] += eight_bytes; });  // head stride 8 bytes off
+      with([&](TensorView& t) {                                   // data 8 bytes past the alignment
+        t = detail::slice_last(t, eight_bytes, t.shape[2]);
+      });
+    }
+    for (const Bad& bad : cases) {
+      try {
+        mla_prefill(bad.q, bad.k, bad.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), true,
+                    spec.softmax_scale);
+        ADD_FAILURE() << dtype_name(dtype) << ": a misaligned " << bad.name << " was accepted";
+      } catch (const Error& error) {
+        const std::string message = error.what();
+        EXPECT_EQ(message.find("not available"), std::string::npos) << message;
+        // The message names the argument: "... q.stride(0) ..." or "... q data ...".
+        const std::string name = std::string(" ") + bad.name;
+        EXPECT_TRUE(message.find(name + ".") != std::string::npos || message.find(name + " ") != std::string::npos)
+            << message;
+        EXPECT_NE(message.find("16"), std::string::npos) << message;
+      }
+    }
+    // The same views with the alignment restored run.
+    EXPECT_NO_THROW(mla_prefill(q, k, v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), true,
+                                spec.softmax_scale));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
+}  // namespace
+}  // namespace speedmla::test
