@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -125,6 +126,30 @@ void check_cuda(int status, const char* function, const char* what) {
   const auto err = static_cast<cudaError_t>(status);
   fail(function, ": CUDA error in ", what, ": ", cudaGetErrorName(err), " (",
        cudaGetErrorString(err), ")");
+}
+
+void require_sm90(const ArgChecker& check, Device device) {
+  if (device.kind != DeviceKind::kCUDA) return;
+  constexpr int kMaxDevices = 64;
+  // 10 * major + minor + 1 per device; 0 while unknown. Two threads may both query a device the
+  // first time; they store the same value.
+  static std::array<std::atomic<int>, kMaxDevices> capability{};
+  check.require(device.index >= 0 && device.index < kMaxDevices, "CUDA device index must be in [0, ",
+                kMaxDevices, "), got ", device.index);
+  int cached = capability[device.index].load(std::memory_order_relaxed);
+  if (cached == 0) {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index), check.function(),
+               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index), check.function(),
+               "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+    cached = 10 * major + minor + 1;
+    capability[device.index].store(cached, std::memory_order_relaxed);
+  }
+  const int cc = cached - 1;
+  check.require(cc == 90, device_name(device), " has compute capability ", cc / 10, ".", cc % 10,
+                "; the GPU kernels of this operation are built for sm_90a and need compute capability 9.0 "
+                "(H100/H200)");
 }
 
 }  // namespace speedmla::detail

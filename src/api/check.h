@@ -87,4 +87,11 @@ class DeviceGuard {
 // Throws Error "<function>: CUDA error <name>: <string>" if `status` (a cudaError_t) is not 0.
 void check_cuda(int status, const char* function, const char* what);
 
+// For the kernels built for sm_90a (wgmma, setmaxnreg, TMA), which run only on devices of
+// compute capability exactly 9.0: throws Error "<function>: <device> has compute capability
+// X.Y; ..." for any other CUDA device, or the CUDA error when the capability cannot be read.
+// The answer is cached per device (an atomic per device index, no lock), so the check costs a
+// load after the first call. CPU devices pass (the CPU reference runs there).
+void require_sm90(const ArgChecker& check, Device device);
+
 }  // namespace speedmla::detail

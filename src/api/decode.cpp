@@ -133,6 +133,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     return;
   }
   if (shape.batch == 0) return;
+  detail::require_sm90(check, q.device);
 
   // What the SM90 kernel needs beyond the contract's checks.
   check.require(decode_page_size_supported(shape.page_size),

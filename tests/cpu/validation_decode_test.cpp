@@ -323,6 +323,20 @@ TEST_F(DecodeValidation, MismatchedDevices) {
       "out must be on cuda:0, got cuda:1"));
 }
 
+// A device index past what the capability check caches is refused by name before any CUDA call,
+// so this runs the same with or without a GPU.
+TEST_F(DecodeValidation, DeviceIndexBeyondTheCapabilityCache) {
+  EXPECT_TRUE(refused(
+      [&](DecodeArgs& a) {
+        uintptr_t address = uintptr_t{1} << 30;  // distinct pretend allocations, 16 MiB apart
+        for (TensorView* t : {&a.q, &a.kv_cache, &a.block_table, &a.seq_lens, &a.out, &*a.lse}) {
+          t->device = Device{DeviceKind::kCUDA, 64};
+          t->data = reinterpret_cast<void*>(address += uintptr_t{1} << 24);
+        }
+      },
+      "CUDA device index must be in [0, 64), got 64"));
+}
+
 // ---- overlaps ----
 
 TEST_F(DecodeValidation, OutOverlappingInputs) {

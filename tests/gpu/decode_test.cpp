@@ -266,6 +266,38 @@ TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
 INSTANTIATE_TEST_SUITE_P(Types, DecodeGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// The main kernel's shared-memory opt-in is a per-device attribute: every device of the process
+// must run decode correctly, not only the first one used (on one GPU this checks the per-device
+// path on device 0; a machine with two or more checks the others too).
+TEST(DecodeGpuDevices, EveryDeviceSetsItsOwnSharedMemoryOptIn) {
+  SPEEDMLA_REQUIRE_GPU();
+  int count = 0, previous = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_EQ(cudaGetDevice(&previous), cudaSuccess);
+  for (int device = 0; device < count; ++device) {
+    int major = 0, minor = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
+    for (DType dtype : {DType::kFloat8E4M3, DType::kBFloat16}) {
+      const DecodeProblemSpec s = spec_for(dtype, 3, 2, 16, 64, 1, 700, 11);
+      if (major == 9 && minor == 0) {
+        check_case(s);
+        continue;
+      }
+      // Any other device is refused by name before anything is launched.
+      DeviceProblem dev(make_decode_problem(s));
+      try {
+        dev.run(s);
+        ADD_FAILURE() << "cuda:" << device << " (" << major << "." << minor << ") accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("compute capability"), std::string::npos) << e.what();
+      }
+    }
+  }
+  ASSERT_EQ(cudaSetDevice(previous), cudaSuccess);
+}
+
 // Refusals that only the GPU path makes.
 TEST(DecodeGpuErrors, UnsupportedPageSizeAndSmallWorkspace) {
   SPEEDMLA_REQUIRE_GPU();

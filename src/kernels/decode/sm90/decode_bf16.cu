@@ -4,8 +4,10 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-void launch_decode_bf16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
-  launch_decode_kernel<Bf16Traits>(kv_map, params, stream);
+cudaError_t prepare_decode_bf16() { return prepare_decode_kernel<Bf16Traits>(); }
+
+cudaError_t launch_decode_bf16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
+  return launch_decode_kernel<Bf16Traits>(kv_map, params, stream);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

@@ -9,11 +9,16 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-// The main kernel of one element type (one .cu per instantiation).
-void launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
-void launch_decode_bf16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
+// The main kernel of one element type (one .cu per instantiation). prepare_* sets its
+// shared-memory opt-in on the current device (once per device); launch_* launches it. Both
+// return the CUDA error (cudaSuccess if none).
+cudaError_t prepare_decode_fp8();
+cudaError_t prepare_decode_bf16();
+cudaError_t launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
+cudaError_t launch_decode_bf16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
 
-// Schedule + main + combine. Returns the CUDA error of the launches (cudaSuccess if none).
+// Schedule + main + combine on the current device. The main kernel's opt-in is checked first:
+// when it fails nothing is launched. Returns the CUDA error (cudaSuccess if none).
 cudaError_t run_decode(const CUtensorMap& kv_map, const DecodeParams& params, bool fp8, cudaStream_t stream);
 
 }  // namespace speedmla::kernels::decode_sm90

@@ -3,19 +3,22 @@
 #pragma once
 
 #include "kernels/decode/sm90/decode_kernel.cuh"
+#include "kernels/sm90/dynamic_smem.h"
 
 namespace speedmla::kernels::decode_sm90 {
 
+// The kernel's shared-memory opt-in on the current device (set once per device, see
+// sm90/dynamic_smem.h). run_decode calls it before launching anything of the operation.
 template <typename Traits>
-void launch_decode_kernel(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
-  constexpr int smem_bytes = DecodeKernel<Traits>::kSmemBytes;
-  // Setting the attribute is a host-side call with no device synchronisation; doing it once
-  // per process keeps it off the hot path.
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(decode_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (attribute_status != cudaSuccess) return;  // reported by the caller's cudaGetLastError()
+cudaError_t prepare_decode_kernel() {
+  return sm90::ensure_dynamic_smem<decode_kernel<Traits>>(DecodeKernel<Traits>::kSmemBytes);
+}
+
+template <typename Traits>
+cudaError_t launch_decode_kernel(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
   const dim3 grid(params.num_row_tiles, params.num_parts);
-  sm90::launch_dependent(decode_kernel<Traits>, grid, dim3(kThreads), smem_bytes, stream, kv_map, params);
+  return sm90::launch_dependent(decode_kernel<Traits>, grid, dim3(kThreads), DecodeKernel<Traits>::kSmemBytes, stream,
+                                kv_map, params);
 }
 
 }  // namespace speedmla::kernels::decode_sm90
