@@ -4,7 +4,9 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-cudaError_t prepare_decode_fp8() { return prepare_decode_kernel<Fp8Traits>(); }
+DecodeLaunchStatus prepare_decode_fp8(const DecodeLaunch& launch, CUtensorMap* kv_map) {
+  return prepare_decode_kernel<Fp8Traits>(launch, kv_map);
+}
 
 cudaError_t launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
   return launch_decode_kernel<Fp8Traits>(kv_map, params, stream);
