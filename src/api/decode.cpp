@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -132,19 +133,29 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     return;
   }
   if (shape.batch == 0) return;
-  detail::require_sm90(check, q.device);
 
-  // What the SM90 kernel needs beyond the contract's checks.
+  // What the SM90 kernel needs beyond the contract's checks: the arguments first (no CUDA call),
+  // then the device.
   check.require(decode_page_size_supported(shape.page_size),
                 "kv_cache.shape[1] (page_size) must be a power of two in [8, 128] on the GPU, got ", shape.page_size);
   check.aligned(q, "q", 16);
   check.aligned(kv_cache, "kv_cache", 16);
   check.aligned(out, "out", 16);
-  check.require(shape.batch <= 65535, "q.shape[0] (batch) must be <= 65535 on the GPU, got ", shape.batch);
   check.require(shape.max_pages * shape.page_size < (int64_t{1} << 31),
                 "block_table.shape[1] * page_size must be < 2^31 tokens, got ", shape.max_pages * shape.page_size);
+  // The batch's only bound: the planner counts the batch's 64-token blocks (at least one per
+  // request) in int, and its part-size arithmetic reaches about 2.2 times that count. No grid
+  // grows with the batch (the combine has min(batch, parts - 1) columns) and every index that
+  // multiplies a stride by a request is 64-bit.
+  const int64_t blocks_per_request =
+      std::max<int64_t>(1, (shape.max_pages * shape.page_size + dk::kBlockTokens - 1) / dk::kBlockTokens);
+  static_assert(dk::kBlockTokens == 64, "speedmla/decode.h documents kMaxDecodeBlocks in blocks of 64 tokens");
+  check.require(shape.batch <= (kMaxDecodeBlocks - 1) / blocks_per_request,
+                "q.shape[0] (batch) times the blocks of 64 tokens a block_table row can hold (",
+                blocks_per_request, ") must be < 2^30 on the GPU, got batch ", shape.batch);
   check.require(shape.num_pages < (int64_t{1} << 31), "kv_cache.shape[0] (num_pages) must be < 2^31, got ",
                 shape.num_pages);
+  detail::require_sm90(check, q.device);
 
   detail::DeviceGuard guard(q.device);
   const int num_sms = device_sm_count(q.device.index);

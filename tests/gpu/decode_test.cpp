@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <random>
+#include <vector>
 
 #include "common/decode_problem.h"
 #include "common/util.h"
@@ -72,16 +74,17 @@ void expect_matches(const DecodeResult& gpu, const DecodeResult& ref, const Deco
   EXPECT_LT(lse.max_abs, lse_bound(spec.dtype)) << spec.name();
 }
 
-void check_case(const DecodeProblemSpec& spec) {
-  const DecodeProblem pb = make_decode_problem(spec);
+void check_problem(const DecodeProblem& pb) {
   const DecodeResult ref = run_reference(pb);
   DeviceProblem dev(pb);
   dev.out.fill_bytes(0xFF);  // poison: every element must be written
   dev.lse.fill_bytes(0xFF);
-  dev.run(spec);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << spec.name();
-  expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, spec);
+  dev.run(pb.spec);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << pb.spec.name();
+  expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, pb.spec);
 }
+
+void check_case(const DecodeProblemSpec& spec) { check_problem(make_decode_problem(spec)); }
 
 DecodeProblemSpec spec_for(DType dtype, int64_t batch, int64_t q_len, int64_t heads, int64_t page_size,
                            int32_t len_lo, int32_t len_hi, uint64_t seed) {
@@ -153,6 +156,33 @@ TEST_P(DecodeGpu, BatchBeyondThePlannersSharedMemory) {
   // More requests than the schedule kernel keeps in shared memory (kStagedRequests = 4096 in
   // schedule.cu): the plan then weighs part sizes from the first units in global memory.
   check_case(spec_for(dtype(), 5000, 1, 16, 64, 1, 300, seed()));
+}
+
+// More requests than the old 65535 limit (the only bound is kMaxDecodeBlocks): 70000 requests
+// of one head, short ones sharing the pages of a small problem (as requests sharing a prefix
+// do) so the cache stays small, and the last request long enough (> 1/num_parts of the batch's
+// blocks) that the plan must split it: the combine then merges a request past index 65535.
+TEST_P(DecodeGpu, BatchBeyond65535) {
+  constexpr int64_t kBatch = 70000, kBase = 16;
+  DecodeProblemSpec base = spec_for(dtype(), kBase, 1, 1, 64, 1, 64, seed());
+  base.seq_lens[0] = 60000;  // 938 blocks: more than a part's share of ~71000 blocks on <= 132 parts
+  DecodeProblem pb = make_decode_problem(base);  // the cache: base requests' pages
+  const int64_t width = pb.block_table.view().shape[1];
+  HostTensor table(DType::kInt32, {kBatch, width}), lens(DType::kInt32, {kBatch});
+  std::vector<int32_t> seq_lens(kBatch);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const int64_t from = b == kBatch - 1 ? 0 : 1 + b % (kBase - 1);  // only the last request is long
+    std::copy_n(pb.block_table.data<int32_t>() + from * width, width, table.data<int32_t>() + b * width);
+    seq_lens[b] = lens.data<int32_t>()[b] = pb.seq_lens.data<int32_t>()[from];
+  }
+  pb.spec.batch = kBatch;
+  pb.spec.seq_lens = seq_lens;
+  pb.block_table = std::move(table);
+  pb.seq_lens = std::move(lens);
+  pb.q = HostTensor(dtype(), {kBatch, 1, 1, kCacheRowDim});
+  std::mt19937_64 rng(pb.spec.seed);
+  fill_uniform(pb.q, rng, -1.0, 1.0);
+  check_problem(pb);
 }
 
 TEST_P(DecodeGpu, EqualLengthsAboutOneRequestPerSm) {
