@@ -98,7 +98,7 @@ void validate_config(const MlaBackendConfig& config) {
       count = 0;
     }
     c.require(config.device.index >= 0 && config.device.index < count, "config.device ",
-              device_name(config.device), " does not exist (", count, " CUDA devices visible)");
+              detail::device_of(config.device), " does not exist (", count, " CUDA devices visible)");
   }
 }
 
@@ -108,7 +108,7 @@ std::vector<int32_t> read_host_lens(const ArgChecker& c, const TensorView& t, co
   c.defined(t, name, 1);
   c.dtype(t, name, {DType::kInt32});
   c.require(!t.is_cuda(), name, " must be a CPU tensor (the engine's *_cpu copy), got ",
-            device_name(t.device));
+            detail::device_of(t.device));
   c.dim(t, name, 0, n);
   std::vector<int32_t> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -125,7 +125,7 @@ void check_seq_lens(const ArgChecker& c, const TensorView& seq_lens, const char*
   c.dtype(seq_lens, name, {DType::kInt32});
   c.same_device(seq_lens, name, device);
   c.require(seq_lens.shape[0] >= rows, name, " must hold at least ", rows, " entries, got shape ",
-            seq_lens.shape_string());
+            detail::shape_of(seq_lens));
 }
 
 // `t` as [bs, q_len, ...]: a 4-D (3-D for lse) tensor as is, or one dimension fewer with its
@@ -138,7 +138,7 @@ TensorView as_batched(const ArgChecker& c, const TensorView& t, const char* name
     return detail::split_rows(t, bs, q_len);
   }
   c.require(t.ndim == batched_ndim, name, " must have ", batched_ndim - 1, " or ", batched_ndim,
-            " dimensions, got shape ", t.shape_string());
+            " dimensions, got shape ", detail::shape_of(t));
   c.dim(t, name, 0, bs);
   c.dim(t, name, 1, q_len);
   return t;
@@ -307,7 +307,7 @@ void MlaBackend::init_forward_metadata(int64_t bs, int64_t num_extends,
   check_seq_lens(c, seq_lens, "seq_lens", bs, s.config.device);
   c.defined(req_pool_indices, "req_pool_indices", 1);
   c.require(req_pool_indices.shape[0] >= bs, "req_pool_indices must hold at least bs = ", bs,
-            " entries, got shape ", req_pool_indices.shape_string());
+            " entries, got shape ", detail::shape_of(req_pool_indices));
 
   const bool builds_extend = mode != ForwardMode::kDecode;
   const bool builds_decode = mode != ForwardMode::kExtend || s.config.is_draft;
@@ -452,10 +452,10 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
             "] (the metadata's decode rows), got ", bs);
   const int64_t heads = s.config.num_local_heads();
   c.require(q.ndim == 3 || q.ndim == 4, "q must be [bs*q_len, H, 576] or [bs, q_len, H, 576], "
-            "got shape ", q.shape_string());
+            "got shape ", detail::shape_of(q));
   c.require(q.shape[0] % bs == 0, "q.shape[0] = ", q.shape[0], " must be a multiple of bs = ", bs);
   const int64_t q_len = q.ndim == 3 ? q.shape[0] / bs : q.shape[1];
-  c.require(q_len >= 1, "q must hold at least one token per request, got shape ", q.shape_string());
+  c.require(q_len >= 1, "q must hold at least one token per request, got shape ", detail::shape_of(q));
   const TensorView q4 = as_batched(c, q, "q", 4, bs, q_len);
   c.dim(q4, "q", 2, heads);
   c.dim(q4, "q", 3, kCacheRowDim);
@@ -475,7 +475,7 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   if (new_kv) {
     TensorView rows = new_kv->kv;
     c.require(rows.ndim == 2 || (rows.ndim == 3 && rows.shape[1] == 1),
-              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", rows.shape_string());
+              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", detail::shape_of(rows));
     if (rows.ndim == 3) rows = detail::squeeze(rows, 1);
     c.dim(rows, "new_kv.kv", 1, kCacheRowDim);
     kv_cache_write(kv_cache, new_kv->slots, detail::slice_last(rows, 0, kLatentDim),
@@ -531,7 +531,7 @@ void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_
   auto check_rows = [&](const TensorView& t, const char* name, int ndim, int64_t needed) {
     c.defined(t, name, ndim);
     c.require(t.shape[0] >= needed, name, " must have at least ", needed, " rows, got shape ",
-              t.shape_string());
+              detail::shape_of(t));
   };
   check_rows(scratch.latent, "scratch.latent", 2, rows);
   check_rows(scratch.k, "scratch.k", 3, rows);
