@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/decode_problem.h"
@@ -61,17 +62,28 @@ struct DeviceProblem {
   }
 };
 
+// Every request on its own, and every row's LSE: one entirely wrong request in a batch of 5000
+// moves the batch's aggregate rel. L2 by ~0.014, well inside the FP8 bound. The aggregate is
+// printed; the first few failing requests are named with their lengths.
 void expect_matches(const DecodeResult& gpu, const DecodeResult& ref, const DecodeProblemSpec& spec) {
   const ErrorStats out = compare(gpu.out, ref.out);
   const ErrorStats lse = compare(gpu.lse, ref.lse);
   std::printf("[ decode ] %-60s out %s | lse max_abs=%.3g\n", spec.name().c_str(), out.summary().c_str(),
               lse.max_abs);
-  EXPECT_EQ(out.nonfinite, 0) << spec.name();
-  EXPECT_EQ(out.mismatched_inf, 0) << spec.name();
-  EXPECT_LT(out.rel_l2, output_bound(spec.dtype)) << spec.name();
-  EXPECT_EQ(lse.nonfinite, 0) << spec.name();
-  EXPECT_EQ(lse.mismatched_inf, 0) << spec.name();
-  EXPECT_LT(lse.max_abs, lse_bound(spec.dtype)) << spec.name();
+  int64_t wrong = 0;
+  std::string first_wrong;
+  for (int64_t b = 0; b < spec.batch; ++b) {
+    const ErrorStats o = compare_rows(gpu.out, ref.out, b, b + 1);
+    const ErrorStats l = compare_rows(gpu.lse, ref.lse, b, b + 1);  // max_abs: the worst row of b
+    const bool ok = o.nonfinite == 0 && o.mismatched_inf == 0 && o.rel_l2 < output_bound(spec.dtype) &&
+                    l.nonfinite == 0 && l.mismatched_inf == 0 && l.max_abs < lse_bound(spec.dtype);
+    if (!ok && ++wrong <= 5)
+      first_wrong += "\n  request " + std::to_string(b) + " (seq_len " + std::to_string(spec.seq_lens[b]) +
+                     "): out " + o.summary() + " | lse " + l.summary();
+  }
+  EXPECT_EQ(wrong, 0) << spec.name() << ": " << wrong << " of " << spec.batch
+                      << " requests off (out rel_l2 bound " << output_bound(spec.dtype) << ", lse max_abs bound "
+                      << lse_bound(spec.dtype) << "); the test's SPEEDMLA_TEST_SEED is printed above" << first_wrong;
 }
 
 void check_problem(const DecodeProblem& pb) {
@@ -102,9 +114,17 @@ DecodeProblemSpec spec_for(DType dtype, int64_t batch, int64_t q_len, int64_t he
 
 class DecodeGpu : public ::testing::TestWithParam<DType> {
  protected:
-  void SetUp() override { SPEEDMLA_REQUIRE_GPU(); }
+  void SetUp() override {
+    SPEEDMLA_REQUIRE_GPU();
+    seed_ = test_seed();
+  }
   DType dtype() const { return GetParam(); }
-  uint64_t seed() const { return std::random_device{}() % 100000; }
+  // Printed by test_seed(); SPEEDMLA_TEST_SEED replays a run. Every case of a test derives its
+  // data from it (and its own shape).
+  uint64_t seed() const { return seed_; }
+
+ private:
+  uint64_t seed_ = 0;
 };
 
 TEST_P(DecodeGpu, HeadsAndDraftLengths) {
