@@ -14,13 +14,13 @@
 #include "backend/device_buffer.h"
 #include "backend/page_table.h"
 #include "backend/views.h"
+#include "backend/workspace.h"
 #include "kernels/backend/page_table.h"
 #include "speedmla/cache.h"
 #include "speedmla/decode.h"
 #include "speedmla/merge.h"
 #include "speedmla/prefill.h"
 #include "speedmla/quantize.h"
-#include "speedmla/workspace.h"
 
 namespace speedmla {
 
@@ -147,7 +147,9 @@ TensorView as_batched(const ArgChecker& c, const TensorView& t, const char* name
 }  // namespace
 
 struct MlaBackend::Impl {
+  explicit Impl(const MlaBackendConfig& c) : config(c), workspaces(c.device) {}
   MlaBackendConfig config;
+  detail::BackendWorkspaces workspaces;  // decode scratch: per stream, and for graphs
   int64_t width = 0;  // block-table width
   std::shared_ptr<DeviceBuffer> decode_table;  // [max_batch, width]
   std::optional<DecodeMetadata> decode;
@@ -255,15 +257,13 @@ void MlaBackend::Impl::build_extend(const ArgChecker& c, int64_t n, const Extend
   extend = std::move(md);
 }
 
-MlaBackend::MlaBackend(const MlaBackendConfig& config) : impl_(std::make_unique<Impl>()) {
+MlaBackend::MlaBackend(const MlaBackendConfig& config) {
   validate_config(config);
-  impl_->config = config;
+  impl_ = std::make_unique<Impl>(config);
   impl_->width = padded_block_table_width(config.context_len, config.page_size);
   impl_->decode_table = std::make_shared<DeviceBuffer>(
       config.device, static_cast<size_t>(config.max_batch * impl_->width) * sizeof(int32_t),
       DeviceBuffer::Fill::kZero, "MlaBackend");
-  acquire_workspace(config.device, workspace_bytes(impl_->max_rows(), config.decode_q_len()),
-                    nullptr, "MlaBackend");
 }
 
 MlaBackend::~MlaBackend() = default;
@@ -276,6 +276,9 @@ const DecodeMetadata* MlaBackend::decode_metadata() const {
 const ExtendMetadata* MlaBackend::extend_metadata() const {
   return impl_->extend ? &*impl_->extend : nullptr;
 }
+
+size_t MlaBackend::workspace_capacity(Stream stream) const { return impl_->workspaces.stream_capacity(stream); }
+size_t MlaBackend::graph_workspace_capacity() const { return impl_->workspaces.graph_capacity(); }
 
 size_t MlaBackend::workspace_bytes(int64_t batch, int64_t q_len) const {
   const MlaBackendConfig& cfg = impl_->config;
@@ -374,6 +377,9 @@ void MlaBackend::init_cuda_graph_state(int64_t max_bs, const TensorView& seq_len
       .aliased = false,
       .captured = {},
   };
+  // The graphs' workspace, before any capture: sized for every graph batch at decode_q_len().
+  const size_t bytes = workspace_bytes(max_bs, s.config.decode_q_len());
+  s.workspaces.of_graphs().acquire(s.config.device, bytes, bytes, nullptr, c.function());
 }
 
 void MlaBackend::alias_cuda_graph_block_table(const MlaBackend& target) {
@@ -443,7 +449,7 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
                                 const std::optional<NewTokenKv>& new_kv,
                                 const std::optional<TensorView>& lse, Stream stream) {
   const ArgChecker c("MlaBackend::forward_decode");
-  const Impl& s = *impl_;
+  Impl& s = *impl_;
   c.require(s.decode.has_value(), "there is no decode metadata; call init_forward_metadata "
             "(decode or mixed batch) or a CUDA-graph capture/replay first");
   const DecodeMetadata& md = *s.decode;
@@ -469,9 +475,24 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   const bool fp8 = s.config.kv_cache_dtype == DType::kFloat8E4M3;
   c.require(!fp8 || (k_scale > 0 && k_scale < std::numeric_limits<float>::infinity()),
             "k_scale must be positive and finite, got ", k_scale);
-  // Acquired before anything is launched, so that a call refused during capture leaves no work.
-  const TensorView workspace = acquire_workspace(
-      s.config.device, workspace_bytes(std::max(bs, s.max_rows()), q_len), stream, c.function());
+  // Workspace: the decode bound for this batch (GPU), then room for FP8 queries. Acquired before
+  // anything is launched, so that a call refused during capture leaves no work. Metadata from a
+  // graph capture or replay uses the graphs' buffer, other calls their stream's (workspace.h);
+  // a buffer that must grow is sized for the largest batch at once.
+  const bool gpu = s.config.device.kind == DeviceKind::kCUDA;
+  const bool quantize = fp8 && q4.dtype != DType::kFloat8E4M3;
+  const size_t decode_bytes =
+      gpu ? align_up(mla_decode_workspace_size(bs, heads, q_len, device_sm_count(s.config.device.index)),
+                     kBufferAlignment)
+          : 0;
+  const size_t needed = decode_bytes + (quantize ? static_cast<size_t>(bs * q_len * heads * kCacheRowDim) : 0);
+  TensorView workspace{};
+  if (needed > 0) {
+    detail::GrowingBuffer& buffer = s.graph && md.storage == s.graph->table ? s.workspaces.of_graphs()
+                                                                             : s.workspaces.of_stream(stream);
+    const size_t grow_to = buffer.capacity() < needed ? workspace_bytes(std::max(bs, s.max_rows()), q_len) : needed;
+    workspace = buffer.acquire(s.config.device, needed, grow_to, stream, c.function());
+  }
   if (new_kv) {
     TensorView rows = new_kv->kv;
     c.require(rows.ndim == 2 || (rows.ndim == 3 && rows.shape[1] == 1),
@@ -483,13 +504,8 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
                    stream);
   }
 
-  const bool gpu = s.config.device.kind == DeviceKind::kCUDA;
-  const size_t decode_bytes =
-      gpu ? align_up(mla_decode_workspace_size(bs, heads, q_len, device_sm_count(s.config.device.index)),
-                     kBufferAlignment)
-          : 0;
   TensorView query = q4;
-  if (fp8 && q4.dtype != DType::kFloat8E4M3) {
+  if (quantize) {
     query = make_view(workspace.ptr<char>() + decode_bytes, DType::kFloat8E4M3, s.config.device,
                       {bs, q_len, heads, kCacheRowDim});
     quantize_fp8(q4, query, 1.0f, stream);
