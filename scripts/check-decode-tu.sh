@@ -20,5 +20,5 @@ command=$(cd "$build" && ninja -t commands "$object" | tail -1)
 command="${command% -o "$object"} -o $scratch/decode.o"
 command=${command//" -MF $object.d"/" -MF $scratch/decode.o.d"}
 (cd "$build" && eval "$command -Xptxas=-v") 2>&1 | grep -E "error|warning|spill|Used [0-9]+ registers" || true
-python3 "$root/tests/sass/check_decode_sass.py" --cuobjdump "$root/.deps/pip/nvidia/cu13/bin/cuobjdump" \
-  --kernels 1 "$scratch/decode.o"
+python3 "$root/tests/sass/check_kernel_sass.py" --cuobjdump "$root/.deps/pip/nvidia/cu13/bin/cuobjdump" \
+  --kernel-regex decode_kernel --kernels 1 --max-waits 12 "$scratch/decode.o"

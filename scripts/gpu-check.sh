@@ -4,20 +4,23 @@
 # build/gpu-check/.
 #
 #   scripts/gpu-check.sh [--tests-only | --bench-only] [--filter GTEST_FILTER] [--bench-args "..."]
-#                        [--sanitize]
+#                        [--sanitize] [--host-cost]
 #
 # --filter narrows the GoogleTest cases and leaves the Python GPU tests out.
 # Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
 # SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode and prefill subset
 # under compute-sanitizer (memcheck, racecheck and synccheck). --bench-args go to the decode
 # benchmark; the prefill grid (speedmla-bench --prefill) runs after it with its defaults.
+# --host-cost also measures the host time per mla_decode call, C++ (build/speedmla-host-cost)
+# and Python (bench/host_cost.py, with the packages the Python GPU tests installed into the
+# build folder: run it with the tests once).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${SPEEDMLA_BUILD_DIR:-$root/build}"
 logs="${OUT:-$build/gpu-check}"
 mkdir -p "$logs"
 
-run_tests=1 run_bench=1 sanitize=0 filter="*" bench_args=""
+run_tests=1 run_bench=1 sanitize=0 host_cost=0 filter="*" bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests-only) run_bench=0 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --filter) filter="$2"; shift ;;
     --bench-args) bench_args="$2"; shift ;;
     --sanitize) sanitize=1 ;;
+    --host-cost) host_cost=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -76,6 +80,17 @@ if [ "$sanitize" = 1 ]; then
     [ $rc -ne 0 ] && status=1
     summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E '(ERROR|RACECHECK) SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
   done
+fi
+
+if [ "$host_cost" = 1 ]; then
+  # The GPU idle apart from these calls; same Python environment as tests/python/run_gpu.sh.
+  PYTHONPATH="$build/python-packages:$root/.deps/pip:$root/python" SPEEDMLA_LIBRARY="$build/libspeedmla_tvm_ffi.so" \
+  TVM_FFI_DISABLE_TORCH_C_DLPACK=1 timeout 300 "${PYTHON:-python3}" "$root/bench/host_cost.py" \
+    --binary "$build/speedmla-host-cost" > "$logs/host_cost.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("host cost (rc=$rc): $logs/host_cost.log")
+  while IFS= read -r line; do summary+=("  $line"); done < <(grep -E '^\([abc]\)' "$logs/host_cost.log")
 fi
 
 if [ "$run_bench" = 1 ]; then

@@ -14,7 +14,7 @@ GTEST_DEBIAN_VERSION=1.12.1-0.2  # Debian libgtest-dev
 NUMPY_VERSION=2.2.6              # PyPI numpy: Python tests' reference
 PYTEST_VERSION=8.3.5             # PyPI pytest
 # PyPI nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm: the decode kernels' SASS for
-# tests/sass/check_decode_sass.py (PyPI has no 13.0 release; 13.2 reads nvcc 13.0's sm_90a code).
+# tests/sass/check_kernel_sass.py (PyPI has no 13.0 release; 13.2 reads nvcc 13.0's sm_90a code).
 CUOBJDUMP_VERSION=13.2.86
 NVDISASM_VERSION=13.2.78
 

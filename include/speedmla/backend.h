@@ -114,9 +114,9 @@ struct PrefixScratch {
 
 class MlaBackend {
  public:
-  // Validates `config` (Error naming the field and the accepted values), allocates the decode
-  // block table [max_batch, block_table_width] and grows the device workspace for
-  // max(max_batch, max_graph_batch) requests of decode_q_len() tokens.
+  // Validates `config` (Error naming the field and the accepted values) and allocates the decode
+  // block table [max_batch, block_table_width]. Workspaces are allocated on first use (per
+  // stream) and by init_cuda_graph_state (for graphs).
   explicit MlaBackend(const MlaBackendConfig& config);
   ~MlaBackend();
   MlaBackend(const MlaBackend&) = delete;
@@ -174,7 +174,8 @@ class MlaBackend {
 
   // Allocates the static block table [max_bs, block_table_width] (page 0 everywhere) and aliases
   // seq_lens_buf ([>= max_bs] int32, device; the engine writes it, the backend never does).
-  // 1 <= max_bs <= config.max_graph_batch.
+  // 1 <= max_bs <= config.max_graph_batch. Also allocates the graphs' workspace for max_bs
+  // requests of decode_q_len() tokens.
   void init_cuda_graph_state(int64_t max_bs, const TensorView& seq_lens_buf);
 
   // Makes this (draft) backend read the static block table of `target`, which then refreshes it
@@ -212,7 +213,12 @@ class MlaBackend {
   //   lse      optional [bs*q_len, H] or [bs, q_len, H] FP32 (written)
   // FP8 cache: BF16 q is quantised (× 1) into the workspace, softmax_scale = k_scale · scaling
   // and output_scale = k_scale (V is the cache's latent part). BF16 cache: softmax_scale =
-  // scaling, output_scale = 1. The workspace grows when q_len needs more, never during capture.
+  // scaling, output_scale = 1.
+  // Workspace: this backend's own, one per stream (two batches on two streams, or a draft
+  // backend on a side stream, never share scratch), or, when the decode metadata comes from a
+  // CUDA-graph capture or replay, the one buffer of this backend's graphs (its graphs must not
+  // replay concurrently with each other). A buffer grows (sized for max(bs, max_batch,
+  // max_graph_batch) requests) when q_len or bs needs more, never during capture: then Error.
   void forward_decode(const TensorView& q, const TensorView& kv_cache, int64_t bs,
                       const TensorView& out, float scaling, float k_scale = 1.0f,
                       const std::optional<NewTokenKv>& new_kv = std::nullopt,
@@ -243,6 +249,10 @@ class MlaBackend {
   // Bytes of workspace forward_decode needs for `batch` requests of `q_len` tokens on this
   // backend's device (the mla_decode bound, plus room for FP8 queries with an FP8 cache).
   size_t workspace_bytes(int64_t batch, int64_t q_len) const;
+  // Current size in bytes of this backend's workspace for eager calls on `stream` (0 before the
+  // stream's first forward_decode that needs one), and of its graphs' workspace.
+  size_t workspace_capacity(Stream stream = nullptr) const;
+  size_t graph_workspace_capacity() const;
 
  private:
   struct Impl;

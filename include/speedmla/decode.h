@@ -24,6 +24,11 @@ bool decode_page_size_supported(int64_t page_size);
 
 inline constexpr int kMaxDecodeQLen = 1024;  // query tokens per request (decode + draft)
 
+// GPU bound on the batch: B * max(1, ceil(max_pages * page_size / 64)) < kMaxDecodeBlocks, the
+// 64-token blocks the split-KV planner may have to count (in 32-bit integers). For example
+// B < 2^24 with tables of 4096 tokens, B < 2^19 with tables of 128K tokens.
+inline constexpr int64_t kMaxDecodeBlocks = int64_t{1} << 30;
+
 // Bytes of workspace mla_decode needs on a GPU with `num_sms` multiprocessors for a batch of
 // `batch` requests, `num_heads` heads and `q_len` query tokens per request. It is an upper bound
 // that does not depend on sequence lengths, so a caller can allocate once for the largest batch
@@ -38,7 +43,8 @@ int device_sm_count(int device);
 //
 //   q            [B, q_len, H, 576]  FP8 e4m3 or BF16; last dim contiguous, any other strides
 //                                    (multiples of 16 bytes). 1 <= H <= 128, 1 <= q_len <= 1024;
-//                                    GPU: B <= 65535.
+//                                    GPU: B * max(1, ceil(max_pages * page_size / 64)) < 2^30
+//                                    (kMaxDecodeBlocks).
 //   kv_cache     [num_pages, page_size, 576]  same dtype as q. Rows contiguous inside a page;
 //                                    page stride >= page_size*576 elements, 16-byte aligned.
 //                                    Page 0 is the conventional null page for padding.

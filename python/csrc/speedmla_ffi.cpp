@@ -20,7 +20,6 @@
 
 #include "speedmla/backend.h"
 #include "speedmla/speedmla.h"
-#include "speedmla/workspace.h"
 
 namespace {
 
@@ -190,12 +189,6 @@ int64_t padded_block_table_width(int64_t context_len, int64_t page_size) {
   return translating_errors([&] { return speedmla::padded_block_table_width(context_len, page_size); });
 }
 
-int64_t workspace_capacity(bool cuda, int64_t device) {
-  const speedmla::Device d = cuda ? speedmla::Device{speedmla::DeviceKind::kCUDA, static_cast<int>(device)}
-                                  : speedmla::Device{};
-  return static_cast<int64_t>(speedmla::workspace_capacity(d));
-}
-
 // The same memory with another dtype of the same width: how NumPy, which has no bfloat16 or
 // float8 dtype, hands such data over (as uint16 / uint8 arrays) and reads results back.
 ffi::Tensor view_as_dtype(ffi::Tensor source, ffi::String dtype) {
@@ -267,6 +260,11 @@ int64_t backend_block_table_width(Backend b) { return (*b).block_table_width(); 
 
 int64_t backend_workspace_bytes(Backend b, int64_t batch, int64_t q_len) {
   return translating_errors([&] { return static_cast<int64_t>((*b).workspace_bytes(batch, q_len)); });
+}
+
+// Bytes of the backend's workspace for eager calls on the caller's current stream.
+int64_t backend_workspace_capacity(Backend b) {
+  return static_cast<int64_t>((*b).workspace_capacity(b.stream()));
 }
 
 void backend_init_forward_metadata(Backend b, int64_t bs, int64_t num_extends,
@@ -405,11 +403,11 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode_workspace_size, mla_decode_workspace_si
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(device_sm_count, device_sm_count);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_page_size_supported, decode_page_size_supported);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(padded_block_table_width, padded_block_table_width);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_capacity, workspace_capacity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(view_as_dtype, view_as_dtype);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(make_backend, make_backend);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_block_table_width, backend_block_table_width);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_workspace_bytes, backend_workspace_bytes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_workspace_capacity, backend_workspace_capacity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_init_forward_metadata, backend_init_forward_metadata);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_decode_metadata, backend_decode_metadata);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_extend_metadata, backend_extend_metadata);

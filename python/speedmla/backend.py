@@ -2,8 +2,8 @@
 ``tokenspeed_mla`` backend (CuteDSLMLABackend), so that an engine can swap it in.
 
 The work is done in C++ (include/speedmla/backend.h): metadata is built on the device without
-host synchronisation, CUDA-graph buffers are static, and the decode workspace is shared per
-device. This class converts the engine's objects and keeps the engine-visible metadata
+host synchronisation, CUDA-graph buffers are static, and each backend owns its decode
+workspace: one per stream, and one for its CUDA graphs. This class converts the engine's objects and keeps the engine-visible metadata
 (``forward_decode_metadata``, ``forward_prefill_metadata``, ``chunked_prefill_metadata``).
 """
 
@@ -207,6 +207,11 @@ class MlaBackend:
     def workspace_bytes(self, batch: int, q_len: int) -> int:
         """Device workspace forward_decode needs for `batch` requests of `q_len` tokens."""
         return int(lib().backend_workspace_bytes(self._handle, int(batch), int(q_len)))
+
+    def workspace_capacity(self) -> int:
+        """Bytes of this backend's workspace for eager calls on the current stream (0 before
+        the stream's first forward_decode)."""
+        return int(lib().backend_workspace_capacity(self._handle))
 
     # ---- metadata --------------------------------------------------------------------------
 

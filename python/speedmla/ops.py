@@ -12,6 +12,8 @@ no bfloat16/float8: pass and receive such data as uint16/uint8 bit arrays (see _
 
 from __future__ import annotations
 
+import functools
+
 from . import _tensors as tz
 from ._native import lib
 
@@ -53,8 +55,10 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
     if lse is None and return_lse:
         lse, _ = tz.empty(q, dims[:3], "float32")
     if workspace is None and tz.is_cuda(q):
-        sms = device_sm_count(q.device.index)
-        workspace, _ = tz.empty(q, (mla_decode_workspace_size(dims[0], dims[2], dims[1], sms),), "uint8")
+        # Allocated through PyTorch (stream-ordered, safe in graph capture); its size comes from a
+        # cache, not from two more calls into the compiled module per decode.
+        workspace, _ = tz.empty(q, (_decode_workspace_bytes(dims[0], dims[2], dims[1], q.device.index),),
+                                "uint8")
     lib().mla_decode(tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg, tz.arg(lse),
                      workspace, float(softmax_scale), float(output_scale))
     return (out, lse) if return_lse else out
@@ -196,6 +200,12 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
     lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg,
                           float(k_scale_inv), float(v_scale_inv))
     return k_out, v_out
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_workspace_bytes(batch: int, num_heads: int, q_len: int, device: int) -> int:
+    """mla_decode_workspace_size on `device`'s SMs, remembered: it depends on these four only."""
+    return mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(device))
 
 
 def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: int) -> int:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -12,7 +13,7 @@ namespace speedmla::detail {
 
 void ArgChecker::defined(const TensorView& t, const char* name, int ndim) const {
   require(t.ndim == ndim, name, " must have ", ndim, " dimensions, got ", t.ndim, " (shape ",
-          t.shape_string(), ")");
+          shape_of(t), ")");
   for (int d = 0; d < t.ndim; ++d)
     require(t.shape[d] >= 0, name, ".shape[", d, "] must be >= 0, got ", t.shape[d]);
   require(t.data != nullptr || t.numel() == 0, name, " has a null data pointer");
@@ -28,7 +29,7 @@ void ArgChecker::dtype(const TensorView& t, const char* name,
 
 void ArgChecker::dim(const TensorView& t, const char* name, int d, int64_t value) const {
   require(t.shape[d] == value, name, ".shape[", d, "] must be ", value, ", got ", t.shape[d],
-          " (shape ", t.shape_string(), ")");
+          " (shape ", shape_of(t), ")");
 }
 
 void ArgChecker::last_dim_contiguous(const TensorView& t, const char* name) const {
@@ -37,7 +38,7 @@ void ArgChecker::last_dim_contiguous(const TensorView& t, const char* name) cons
 }
 
 void ArgChecker::contiguous(const TensorView& t, const char* name) const {
-  require(t.is_contiguous(), name, " must be contiguous, got shape ", t.shape_string());
+  require(t.is_contiguous(), name, " must be contiguous, got shape ", shape_of(t));
 }
 
 void ArgChecker::aligned(const TensorView& t, const char* name, int64_t bytes) const {
@@ -50,8 +51,8 @@ void ArgChecker::aligned(const TensorView& t, const char* name, int64_t bytes) c
 }
 
 void ArgChecker::same_device(const TensorView& t, const char* name, Device device) const {
-  require(t.device == device, name, " must be on ", device_name(device), ", got ",
-          device_name(t.device));
+  require(t.device == device, name, " must be on ", device_of(device), ", got ",
+          device_of(t.device));
 }
 
 void ArgChecker::non_overlapping(const TensorView& t, const char* name) const {
@@ -68,7 +69,7 @@ void ArgChecker::non_overlapping(const TensorView& t, const char* name) const {
   for (int i = 0; i < n; ++i) {
     require(dims[i].first > span, name, " is written, so no two of its elements may share an ",
             "address; its stride ", dims[i].first, " does not clear the ", span + 1,
-            " elements spanned by its smaller dims (shape ", t.shape_string(), ")");
+            " elements spanned by its smaller dims (shape ", shape_of(t), ")");
     span += dims[i].first * (dims[i].second - 1);
   }
 }
@@ -81,6 +82,9 @@ void ArgChecker::disjoint(const TensorView& t, const char* name, const TensorVie
 void ArgChecker::finite(float value, const char* name) const {
   require(std::isfinite(value), name, " must be finite, got ", value);
 }
+
+std::ostream& operator<<(std::ostream& os, ShapeOf shape) { return os << shape.t.shape_string(); }
+std::ostream& operator<<(std::ostream& os, DeviceOf device) { return os << device_name(device.device); }
 
 ByteRange byte_range(const TensorView& t) {
   if (t.numel() == 0) return {};
@@ -125,6 +129,30 @@ void check_cuda(int status, const char* function, const char* what) {
   const auto err = static_cast<cudaError_t>(status);
   fail(function, ": CUDA error in ", what, ": ", cudaGetErrorName(err), " (",
        cudaGetErrorString(err), ")");
+}
+
+void require_sm90(const ArgChecker& check, Device device) {
+  if (device.kind != DeviceKind::kCUDA) return;
+  constexpr int kMaxDevices = 64;
+  // 10 * major + minor + 1 per device; 0 while unknown. Two threads may both query a device the
+  // first time; they store the same value.
+  static std::array<std::atomic<int>, kMaxDevices> capability{};
+  check.require(device.index >= 0 && device.index < kMaxDevices, "CUDA device index must be in [0, ",
+                kMaxDevices, "), got ", device.index);
+  int cached = capability[device.index].load(std::memory_order_relaxed);
+  if (cached == 0) {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index), check.function(),
+               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index), check.function(),
+               "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+    cached = 10 * major + minor + 1;
+    capability[device.index].store(cached, std::memory_order_relaxed);
+  }
+  const int cc = cached - 1;
+  check.require(cc == 90, device_of(device), " has compute capability ", cc / 10, ".", cc % 10,
+                "; the GPU kernels of this operation are built for sm_90a and need compute capability 9.0 "
+                "(H100/H200)");
 }
 
 }  // namespace speedmla::detail

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -15,13 +16,28 @@
 
 namespace speedmla::detail {
 
-// Builds a message from streamable parts and throws Error.
+// Builds a message from streamable parts and throws Error. Out of line and cold: the checks
+// that call it inline only their condition.
 template <typename... Parts>
-[[noreturn]] void fail(const Parts&... parts) {
+[[noreturn, gnu::noinline, gnu::cold]] void fail(const Parts&... parts) {
   std::ostringstream os;
   (os << ... << parts);
   throw Error(os.str());
 }
+
+// Message parts that cost an allocation to spell out (a shape, a device name): passed to
+// require() as these wrappers, they are spelled out only when a check fails. The checks run on
+// every call of every operation, so a passing one must not build strings.
+struct ShapeOf {
+  const TensorView& t;
+};
+inline ShapeOf shape_of(const TensorView& t) { return {t}; }
+std::ostream& operator<<(std::ostream& os, ShapeOf shape);  // "[2, 3, 576]"
+struct DeviceOf {
+  Device device;
+};
+inline DeviceOf device_of(Device device) { return {device}; }
+std::ostream& operator<<(std::ostream& os, DeviceOf device);  // "cpu", "cuda:1"
 
 // The checker for one call: carries the function name into every message.
 class ArgChecker {
@@ -31,9 +47,12 @@ class ArgChecker {
   template <typename... Parts>
   [[noreturn]] void fail(const Parts&... parts) const { detail::fail(fn_, ": ", parts...); }
 
+  // Throws "<function>: <parts...>" unless `condition`. The parts are only streamed on failure,
+  // but they are evaluated by the caller: pass references, numbers, C strings and the lazy
+  // wrappers above (shape_of, device_of), never a std::string built for the message.
   template <typename... Parts>
   void require(bool condition, const Parts&... parts) const {
-    if (!condition) fail(parts...);
+    if (!condition) [[unlikely]] fail(parts...);
   }
 
   // data != nullptr (unless numel == 0), ndim as given.
@@ -86,5 +105,12 @@ class DeviceGuard {
 
 // Throws Error "<function>: CUDA error <name>: <string>" if `status` (a cudaError_t) is not 0.
 void check_cuda(int status, const char* function, const char* what);
+
+// For the kernels built for sm_90a (wgmma, setmaxnreg, TMA), which run only on devices of
+// compute capability exactly 9.0: throws Error "<function>: <device> has compute capability
+// X.Y; ..." for any other CUDA device, or the CUDA error when the capability cannot be read.
+// The answer is cached per device (an atomic per device index, no lock), so the check costs a
+// load after the first call. CPU devices pass (the CPU reference runs there).
+void require_sm90(const ArgChecker& check, Device device);
 
 }  // namespace speedmla::detail

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -11,7 +12,6 @@
 #include "api/check.h"
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/workspace.h"
-#include "kernels/sm90/tensor_map.h"
 #include "speedmla/reference.h"
 
 namespace speedmla {
@@ -134,18 +134,28 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   }
   if (shape.batch == 0) return;
 
-  // What the SM90 kernel needs beyond the contract's checks.
+  // What the SM90 kernel needs beyond the contract's checks: the arguments first (no CUDA call),
+  // then the device.
   check.require(decode_page_size_supported(shape.page_size),
                 "kv_cache.shape[1] (page_size) must be a power of two in [8, 128] on the GPU, got ", shape.page_size);
   check.aligned(q, "q", 16);
   check.aligned(kv_cache, "kv_cache", 16);
   check.aligned(out, "out", 16);
-  const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
-  check.require(shape.batch <= 65535, "q.shape[0] (batch) must be <= 65535 on the GPU, got ", shape.batch);
   check.require(shape.max_pages * shape.page_size < (int64_t{1} << 31),
                 "block_table.shape[1] * page_size must be < 2^31 tokens, got ", shape.max_pages * shape.page_size);
+  // The batch's only bound: the planner counts the batch's 64-token blocks (at least one per
+  // request) in int, and its part-size arithmetic reaches about 2.2 times that count. No grid
+  // grows with the batch (the combine has min(batch, parts - 1) columns) and every index that
+  // multiplies a stride by a request is 64-bit.
+  const int64_t blocks_per_request =
+      std::max<int64_t>(1, (shape.max_pages * shape.page_size + dk::kBlockTokens - 1) / dk::kBlockTokens);
+  static_assert(dk::kBlockTokens == 64, "speedmla/decode.h documents kMaxDecodeBlocks in blocks of 64 tokens");
+  check.require(shape.batch <= (kMaxDecodeBlocks - 1) / blocks_per_request,
+                "q.shape[0] (batch) times the blocks of 64 tokens a block_table row can hold (",
+                blocks_per_request, ") must be < 2^30 on the GPU, got batch ", shape.batch);
   check.require(shape.num_pages < (int64_t{1} << 31), "kv_cache.shape[0] (num_pages) must be < 2^31, got ",
                 shape.num_pages);
+  detail::require_sm90(check, q.device);
 
   detail::DeviceGuard guard(q.device);
   const int num_sms = device_sm_count(q.device.index);
@@ -166,58 +176,41 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     check.disjoint(ws, "workspace", *other, name);
   if (lse) check.disjoint(ws, "workspace", *lse, "lse");
 
-  dk::DecodeParams p{};
-  p.batch = static_cast<int>(shape.batch);
-  p.q_len = static_cast<int>(shape.q_len);
-  p.num_heads = static_cast<int>(shape.heads);
-  p.num_rows = p.q_len * p.num_heads;
-  p.num_row_tiles = layout.num_row_tiles;
-  p.num_parts = layout.num_parts;
-  p.page_size = static_cast<int>(shape.page_size);
-  p.page_shift = __builtin_ctzll(static_cast<unsigned long long>(shape.page_size));
-  p.max_pages = static_cast<int>(shape.max_pages);
-  p.q = q.data;
-  p.q_stride_batch = q.strides[0];
-  p.q_stride_token = q.strides[1];
-  p.q_stride_head = q.strides[2];
-  p.block_table = block_table.ptr<int32_t>();
-  p.block_table_stride = block_table.strides[0];
-  p.seq_lens = seq_lens.ptr<int32_t>();
-  p.out = out.ptr<uint16_t>();
-  p.out_stride_batch = out.strides[0];
-  p.out_stride_token = out.strides[1];
-  p.out_stride_head = out.strides[2];
+  dk::DecodeLaunch launch{};
+  launch.fp8 = q.dtype == DType::kFloat8E4M3;
+  launch.batch = static_cast<int>(shape.batch);
+  launch.q_len = static_cast<int>(shape.q_len);
+  launch.num_heads = static_cast<int>(shape.heads);
+  launch.page_size = static_cast<int>(shape.page_size);
+  launch.max_pages = static_cast<int>(shape.max_pages);
+  launch.num_pages = shape.num_pages;
+  launch.q = q.data;
+  launch.q_stride_batch = q.strides[0];
+  launch.q_stride_token = q.strides[1];
+  launch.q_stride_head = q.strides[2];
+  launch.kv_cache = kv_cache.data;
+  launch.kv_page_stride = kv_cache.strides[0];
+  launch.block_table = block_table.ptr<int32_t>();
+  launch.block_table_stride = block_table.strides[0];
+  launch.seq_lens = seq_lens.ptr<int32_t>();
+  launch.out = out.ptr<uint16_t>();
+  launch.out_stride_batch = out.strides[0];
+  launch.out_stride_token = out.strides[1];
+  launch.out_stride_head = out.strides[2];
   if (lse) {
-    p.lse = lse->ptr<float>();
-    p.lse_stride_batch = lse->strides[0];
-    p.lse_stride_token = lse->strides[1];
-    p.lse_stride_head = lse->strides[2];
+    launch.lse = lse->ptr<float>();
+    launch.lse_stride_batch = lse->strides[0];
+    launch.lse_stride_token = lse->strides[1];
+    launch.lse_stride_head = lse->strides[2];
   }
-  auto* base = static_cast<uint8_t*>(ws.data);
-  p.plan_header = reinterpret_cast<dk::PlanHeader*>(base + layout.header_offset);
-  p.plans = reinterpret_cast<dk::RequestPlan*>(base + layout.plans_offset);
-  p.part_first_request = reinterpret_cast<int*>(base + layout.part_first_offset);
-  p.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
-  p.partial_out = reinterpret_cast<float*>(base + layout.partial_out_offset);
-  p.num_slots = layout.num_slots;
-  p.slot_cost_blocks = dk::split_slot_cost(p.num_rows, static_cast<int>(esize), layout.num_parts);
-  p.score_scale_log2 = softmax_scale * 1.4426950408889634f;
-  p.output_scale = output_scale;
-
-  const bool fp8 = q.dtype == DType::kFloat8E4M3;
-  CUtensorMap kv_map;
-  const uint64_t dims[3] = {kCacheRowDim, static_cast<uint64_t>(shape.page_size),
-                            static_cast<uint64_t>(shape.num_pages)};
-  const uint64_t strides[2] = {static_cast<uint64_t>(kCacheRowDim * esize),
-                               static_cast<uint64_t>((shape.num_pages > 1 ? kv_cache.strides[0]
-                                                                          : shape.page_size * kCacheRowDim) * esize)};
-  const uint32_t box[3] = {dk::kChunkDims, static_cast<uint32_t>(std::min<int64_t>(shape.page_size, dk::kBlockTokens)), 1};
-  const int status = kernels::sm90::make_tensor_map_3d(
-      &kv_map, kv_cache.data, fp8 ? kernels::sm90::TmaElement::kUInt8 : kernels::sm90::TmaElement::kBFloat16, dims,
-      strides, box, fp8 ? kernels::sm90::TmaSwizzle::k64B : kernels::sm90::TmaSwizzle::k128B);
-  check.require(status == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ", status, ")");
-  detail::check_cuda(dk::run_decode(kv_map, p, fp8, reinterpret_cast<cudaStream_t>(stream)), "mla_decode",
-                     "kernel launch");
+  launch.workspace = ws.data;
+  launch.layout = layout;
+  launch.softmax_scale = softmax_scale;
+  launch.output_scale = output_scale;
+  const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream));
+  check.require(status.tensor_map == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ",
+                status.tensor_map, ")");
+  detail::check_cuda(status.cuda, "mla_decode", "the shared-memory opt-in or a kernel launch");
 }
 
 }  // namespace speedmla

@@ -105,7 +105,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   };
   check_rows(k_nope, "k_nope", kNopeDim, kActivationDtypes);
   check.require(k_rope.ndim == 2 || k_rope.ndim == 3, "k_rope must be [T, 64] or [T, 1, 64], got ",
-                k_rope.ndim, " dimensions (shape ", k_rope.shape_string(), ")");
+                k_rope.ndim, " dimensions (shape ", detail::shape_of(k_rope), ")");
   check.defined(k_rope, "k_rope", k_rope.ndim);
   check.require(k_rope.dtype == k_nope.dtype, "k_rope must be ", dtype_name(k_nope.dtype),
                 " like k_nope, got ", dtype_name(k_rope.dtype));

@@ -14,13 +14,13 @@
 #include "backend/device_buffer.h"
 #include "backend/page_table.h"
 #include "backend/views.h"
+#include "backend/workspace.h"
 #include "kernels/backend/page_table.h"
 #include "speedmla/cache.h"
 #include "speedmla/decode.h"
 #include "speedmla/merge.h"
 #include "speedmla/prefill.h"
 #include "speedmla/quantize.h"
-#include "speedmla/workspace.h"
 
 namespace speedmla {
 
@@ -98,7 +98,7 @@ void validate_config(const MlaBackendConfig& config) {
       count = 0;
     }
     c.require(config.device.index >= 0 && config.device.index < count, "config.device ",
-              device_name(config.device), " does not exist (", count, " CUDA devices visible)");
+              detail::device_of(config.device), " does not exist (", count, " CUDA devices visible)");
   }
 }
 
@@ -108,7 +108,7 @@ std::vector<int32_t> read_host_lens(const ArgChecker& c, const TensorView& t, co
   c.defined(t, name, 1);
   c.dtype(t, name, {DType::kInt32});
   c.require(!t.is_cuda(), name, " must be a CPU tensor (the engine's *_cpu copy), got ",
-            device_name(t.device));
+            detail::device_of(t.device));
   c.dim(t, name, 0, n);
   std::vector<int32_t> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -125,7 +125,7 @@ void check_seq_lens(const ArgChecker& c, const TensorView& seq_lens, const char*
   c.dtype(seq_lens, name, {DType::kInt32});
   c.same_device(seq_lens, name, device);
   c.require(seq_lens.shape[0] >= rows, name, " must hold at least ", rows, " entries, got shape ",
-            seq_lens.shape_string());
+            detail::shape_of(seq_lens));
 }
 
 // `t` as [bs, q_len, ...]: a 4-D (3-D for lse) tensor as is, or one dimension fewer with its
@@ -138,7 +138,7 @@ TensorView as_batched(const ArgChecker& c, const TensorView& t, const char* name
     return detail::split_rows(t, bs, q_len);
   }
   c.require(t.ndim == batched_ndim, name, " must have ", batched_ndim - 1, " or ", batched_ndim,
-            " dimensions, got shape ", t.shape_string());
+            " dimensions, got shape ", detail::shape_of(t));
   c.dim(t, name, 0, bs);
   c.dim(t, name, 1, q_len);
   return t;
@@ -147,7 +147,9 @@ TensorView as_batched(const ArgChecker& c, const TensorView& t, const char* name
 }  // namespace
 
 struct MlaBackend::Impl {
+  explicit Impl(const MlaBackendConfig& c) : config(c), workspaces(c.device) {}
   MlaBackendConfig config;
+  detail::BackendWorkspaces workspaces;  // decode scratch: per stream, and for graphs
   int64_t width = 0;  // block-table width
   std::shared_ptr<DeviceBuffer> decode_table;  // [max_batch, width]
   std::optional<DecodeMetadata> decode;
@@ -255,15 +257,13 @@ void MlaBackend::Impl::build_extend(const ArgChecker& c, int64_t n, const Extend
   extend = std::move(md);
 }
 
-MlaBackend::MlaBackend(const MlaBackendConfig& config) : impl_(std::make_unique<Impl>()) {
+MlaBackend::MlaBackend(const MlaBackendConfig& config) {
   validate_config(config);
-  impl_->config = config;
+  impl_ = std::make_unique<Impl>(config);
   impl_->width = padded_block_table_width(config.context_len, config.page_size);
   impl_->decode_table = std::make_shared<DeviceBuffer>(
       config.device, static_cast<size_t>(config.max_batch * impl_->width) * sizeof(int32_t),
       DeviceBuffer::Fill::kZero, "MlaBackend");
-  acquire_workspace(config.device, workspace_bytes(impl_->max_rows(), config.decode_q_len()),
-                    nullptr, "MlaBackend");
 }
 
 MlaBackend::~MlaBackend() = default;
@@ -276,6 +276,9 @@ const DecodeMetadata* MlaBackend::decode_metadata() const {
 const ExtendMetadata* MlaBackend::extend_metadata() const {
   return impl_->extend ? &*impl_->extend : nullptr;
 }
+
+size_t MlaBackend::workspace_capacity(Stream stream) const { return impl_->workspaces.stream_capacity(stream); }
+size_t MlaBackend::graph_workspace_capacity() const { return impl_->workspaces.graph_capacity(); }
 
 size_t MlaBackend::workspace_bytes(int64_t batch, int64_t q_len) const {
   const MlaBackendConfig& cfg = impl_->config;
@@ -307,7 +310,7 @@ void MlaBackend::init_forward_metadata(int64_t bs, int64_t num_extends,
   check_seq_lens(c, seq_lens, "seq_lens", bs, s.config.device);
   c.defined(req_pool_indices, "req_pool_indices", 1);
   c.require(req_pool_indices.shape[0] >= bs, "req_pool_indices must hold at least bs = ", bs,
-            " entries, got shape ", req_pool_indices.shape_string());
+            " entries, got shape ", detail::shape_of(req_pool_indices));
 
   const bool builds_extend = mode != ForwardMode::kDecode;
   const bool builds_decode = mode != ForwardMode::kExtend || s.config.is_draft;
@@ -374,6 +377,9 @@ void MlaBackend::init_cuda_graph_state(int64_t max_bs, const TensorView& seq_len
       .aliased = false,
       .captured = {},
   };
+  // The graphs' workspace, before any capture: sized for every graph batch at decode_q_len().
+  const size_t bytes = workspace_bytes(max_bs, s.config.decode_q_len());
+  s.workspaces.of_graphs().acquire(s.config.device, bytes, bytes, nullptr, c.function());
 }
 
 void MlaBackend::alias_cuda_graph_block_table(const MlaBackend& target) {
@@ -443,7 +449,7 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
                                 const std::optional<NewTokenKv>& new_kv,
                                 const std::optional<TensorView>& lse, Stream stream) {
   const ArgChecker c("MlaBackend::forward_decode");
-  const Impl& s = *impl_;
+  Impl& s = *impl_;
   c.require(s.decode.has_value(), "there is no decode metadata; call init_forward_metadata "
             "(decode or mixed batch) or a CUDA-graph capture/replay first");
   const DecodeMetadata& md = *s.decode;
@@ -452,10 +458,10 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
             "] (the metadata's decode rows), got ", bs);
   const int64_t heads = s.config.num_local_heads();
   c.require(q.ndim == 3 || q.ndim == 4, "q must be [bs*q_len, H, 576] or [bs, q_len, H, 576], "
-            "got shape ", q.shape_string());
+            "got shape ", detail::shape_of(q));
   c.require(q.shape[0] % bs == 0, "q.shape[0] = ", q.shape[0], " must be a multiple of bs = ", bs);
   const int64_t q_len = q.ndim == 3 ? q.shape[0] / bs : q.shape[1];
-  c.require(q_len >= 1, "q must hold at least one token per request, got shape ", q.shape_string());
+  c.require(q_len >= 1, "q must hold at least one token per request, got shape ", detail::shape_of(q));
   const TensorView q4 = as_batched(c, q, "q", 4, bs, q_len);
   c.dim(q4, "q", 2, heads);
   c.dim(q4, "q", 3, kCacheRowDim);
@@ -469,13 +475,28 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   const bool fp8 = s.config.kv_cache_dtype == DType::kFloat8E4M3;
   c.require(!fp8 || (k_scale > 0 && k_scale < std::numeric_limits<float>::infinity()),
             "k_scale must be positive and finite, got ", k_scale);
-  // Acquired before anything is launched, so that a call refused during capture leaves no work.
-  const TensorView workspace = acquire_workspace(
-      s.config.device, workspace_bytes(std::max(bs, s.max_rows()), q_len), stream, c.function());
+  // Workspace: the decode bound for this batch (GPU), then room for FP8 queries. Acquired before
+  // anything is launched, so that a call refused during capture leaves no work. Metadata from a
+  // graph capture or replay uses the graphs' buffer, other calls their stream's (workspace.h);
+  // a buffer that must grow is sized for the largest batch at once.
+  const bool gpu = s.config.device.kind == DeviceKind::kCUDA;
+  const bool quantize = fp8 && q4.dtype != DType::kFloat8E4M3;
+  const size_t decode_bytes =
+      gpu ? align_up(mla_decode_workspace_size(bs, heads, q_len, device_sm_count(s.config.device.index)),
+                     kBufferAlignment)
+          : 0;
+  const size_t needed = decode_bytes + (quantize ? static_cast<size_t>(bs * q_len * heads * kCacheRowDim) : 0);
+  TensorView workspace{};
+  if (needed > 0) {
+    detail::GrowingBuffer& buffer = s.graph && md.storage == s.graph->table ? s.workspaces.of_graphs()
+                                                                             : s.workspaces.of_stream(stream);
+    const size_t grow_to = buffer.capacity() < needed ? workspace_bytes(std::max(bs, s.max_rows()), q_len) : needed;
+    workspace = buffer.acquire(s.config.device, needed, grow_to, stream, c.function());
+  }
   if (new_kv) {
     TensorView rows = new_kv->kv;
     c.require(rows.ndim == 2 || (rows.ndim == 3 && rows.shape[1] == 1),
-              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", rows.shape_string());
+              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", detail::shape_of(rows));
     if (rows.ndim == 3) rows = detail::squeeze(rows, 1);
     c.dim(rows, "new_kv.kv", 1, kCacheRowDim);
     kv_cache_write(kv_cache, new_kv->slots, detail::slice_last(rows, 0, kLatentDim),
@@ -483,13 +504,8 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
                    stream);
   }
 
-  const bool gpu = s.config.device.kind == DeviceKind::kCUDA;
-  const size_t decode_bytes =
-      gpu ? align_up(mla_decode_workspace_size(bs, heads, q_len, device_sm_count(s.config.device.index)),
-                     kBufferAlignment)
-          : 0;
   TensorView query = q4;
-  if (fp8 && q4.dtype != DType::kFloat8E4M3) {
+  if (quantize) {
     query = make_view(workspace.ptr<char>() + decode_bytes, DType::kFloat8E4M3, s.config.device,
                       {bs, q_len, heads, kCacheRowDim});
     quantize_fp8(q4, query, 1.0f, stream);
@@ -531,7 +547,7 @@ void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_
   auto check_rows = [&](const TensorView& t, const char* name, int ndim, int64_t needed) {
     c.defined(t, name, ndim);
     c.require(t.shape[0] >= needed, name, " must have at least ", needed, " rows, got shape ",
-              t.shape_string());
+              detail::shape_of(t));
   };
   check_rows(scratch.latent, "scratch.latent", 2, rows);
   check_rows(scratch.k, "scratch.k", 3, rows);

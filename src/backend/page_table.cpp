@@ -20,7 +20,7 @@ kernels::PageTable describe(const ArgChecker& c, const TensorView& req_to_page,
   c.dtype(req_pool_indices, "req_pool_indices", {DType::kInt32, DType::kInt64});
   c.same_device(req_pool_indices, "req_pool_indices", device);
   c.require(req_pool_indices.shape[0] >= rows, "req_pool_indices must hold at least ", rows,
-            " entries, got shape ", req_pool_indices.shape_string());
+            " entries, got shape ", detail::shape_of(req_pool_indices));
   return kernels::PageTable{
       .req_to_page = req_to_page.ptr<const int32_t>(),
       .row_stride = req_to_page.strides[0],

@@ -1,7 +1,9 @@
 #include "common/util.h"
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -182,6 +184,10 @@ ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end) {
   if (begin < 0 || end < begin || end > actual.numel() || end > expected.numel())
     throw std::runtime_error("compare: range outside the tensors");
+namespace {
+
+// Elements [begin, end) of both tensors (flat, row-major).
+ErrorStats compare_elements(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end) {
   ErrorStats s;
   double diff2 = 0, ref2 = 0;
   for (int64_t i = begin; i < end; ++i) {
@@ -198,6 +204,34 @@ ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t
   }
   s.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
   return s;
+}
+
+}  // namespace
+
+ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
+  if (actual.numel() != expected.numel()) throw std::runtime_error("compare: element counts differ");
+  return compare_elements(actual, expected, 0, actual.numel());
+}
+
+ErrorStats compare_rows(const HostTensor& actual, const HostTensor& expected, int64_t row_begin, int64_t row_end) {
+  if (actual.numel() != expected.numel()) throw std::runtime_error("compare_rows: element counts differ");
+  const TensorView& v = expected.view();
+  const int64_t rows = v.ndim > 0 ? v.shape[0] : 1;
+  if (row_begin < 0 || row_begin > row_end || row_end > rows) throw std::out_of_range("compare_rows: bad row range");
+  const int64_t row_elements = rows > 0 ? expected.numel() / rows : 0;
+  return compare_elements(actual, expected, row_begin * row_elements, row_end * row_elements);
+}
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("SPEEDMLA_TEST_SEED"); env != nullptr && *env != '\0')
+      return static_cast<uint64_t>(std::strtoull(env, nullptr, 10));
+    return static_cast<uint64_t>(std::random_device{}() % 1000000);
+  }();
+  const testing::TestInfo* test = testing::UnitTest::GetInstance()->current_test_info();
+  std::printf("[   seed   ] %s.%s: SPEEDMLA_TEST_SEED=%llu\n", test ? test->test_suite_name() : "?",
+              test ? test->name() : "?", static_cast<unsigned long long>(seed));
+  return seed;
 }
 
 }  // namespace speedmla::test

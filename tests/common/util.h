@@ -102,5 +102,15 @@ struct ErrorStats {
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected);
 // The same over the flat elements [begin, end) of both.
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end);
+// The same over rows [row_begin, row_end) of the leading dimension only (e.g. the requests
+// [b, b + 1) of a [B, q_len, H, D] output, or the tokens of one request of a ragged [T, H, D]
+// one): an aggregate over a whole batch hides one wrong request among thousands. Throws
+// std::out_of_range unless 0 <= row_begin <= row_end <= shape[0].
+ErrorStats compare_rows(const HostTensor& actual, const HostTensor& expected, int64_t row_begin, int64_t row_end);
+
+// The seed of a test's random data: $SPEEDMLA_TEST_SEED when set, else one drawn once per
+// process. Each call prints "[ seed ] <test>: SPEEDMLA_TEST_SEED=<seed>" so that a failing GPU
+// run can be replayed with that variable set.
+uint64_t test_seed();
 
 }  // namespace speedmla::test

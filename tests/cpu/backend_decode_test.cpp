@@ -15,7 +15,6 @@
 #include "speedmla/decode.h"
 #include "speedmla/error.h"
 #include "speedmla/quantize.h"
-#include "speedmla/workspace.h"
 
 namespace speedmla::test {
 namespace {
@@ -155,33 +154,36 @@ TEST(BackendDecode, RejectsBadCalls) {
                "new_kv.kv must be [T, 576] or [T, 1, 576]");
 }
 
-TEST(BackendWorkspace, GrowsForLongerVerifyWindowsAndNeverShrinks) {
+TEST(BackendWorkspace, OwnedPerBackendAndStreamGrowingOnly) {
   std::mt19937_64 rng(4);
   DecodeBatch batch(DType::kFloat8E4M3, rng);  // an FP8 cache needs CPU workspace (the FP8 query)
   MlaBackend backend(batch.config);
-  const Device cpu{};
+  EXPECT_EQ(backend.workspace_capacity(), 0u);  // allocated on first use
   const int64_t rows = std::max(batch.config.max_batch, batch.config.max_graph_batch);
-  EXPECT_GE(workspace_capacity(cpu), backend.workspace_bytes(rows, 1));
   backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
                                 batch.req_to_page.view(), std::nullopt);
   const int64_t q_len = 9;
-  const size_t needed = backend.workspace_bytes(rows, q_len);
   HostTensor q(DType::kBFloat16, {3 * q_len, 4, 576}), out(DType::kBFloat16, {3 * q_len, 4, 512});
   fill_uniform(q, rng, -1.0, 1.0);
   backend.forward_decode(q.view(), batch.cache.view(), 3, out.view(), 0.1f);
-  const size_t grown = workspace_capacity(cpu);
-  EXPECT_GE(grown, needed);
+  const size_t grown = backend.workspace_capacity();
+  EXPECT_EQ(grown, backend.workspace_bytes(rows, q_len));  // sized for the largest batch at once
   HostTensor q1(DType::kBFloat16, {3, 4, 576}), out1(DType::kBFloat16, {3, 4, 512});
   backend.forward_decode(q1.view(), batch.cache.view(), 3, out1.view(), 0.1f);
-  EXPECT_EQ(workspace_capacity(cpu), grown);
+  EXPECT_EQ(backend.workspace_capacity(), grown);  // never shrinks
 
-  // The registry itself: grows to the request, keeps the larger size, views cover it all.
-  const TensorView bigger = acquire_workspace(cpu, grown + 1000, nullptr, "test");
-  EXPECT_EQ(static_cast<size_t>(bigger.shape[0]), grown + 1000);
-  EXPECT_EQ(workspace_capacity(cpu), grown + 1000);
-  const TensorView same = acquire_workspace(cpu, 16, nullptr, "test");
-  EXPECT_EQ(same.data, bigger.data);
-  EXPECT_EQ(static_cast<size_t>(same.shape[0]), grown + 1000);
+  // Another stream gets a buffer of its own and leaves the first one alone (the CPU path ignores
+  // streams otherwise, so any handle serves as a key here).
+  const auto side = reinterpret_cast<Stream>(uintptr_t{0x5100});
+  EXPECT_EQ(backend.workspace_capacity(side), 0u);
+  backend.forward_decode(q1.view(), batch.cache.view(), 3, out1.view(), 0.1f, 1.0f, std::nullopt, std::nullopt,
+                         side);
+  EXPECT_EQ(backend.workspace_capacity(side), backend.workspace_bytes(rows, 1));
+  EXPECT_EQ(backend.workspace_capacity(), grown);
+
+  // Another backend on the same device owns its own buffers.
+  MlaBackend other(batch.config);
+  EXPECT_EQ(other.workspace_capacity(), 0u);
   EXPECT_EQ(backend.workspace_bytes(2, 3), static_cast<size_t>(2 * 3 * 4 * 576));  // CPU: FP8 queries only
 }
 

@@ -323,6 +323,54 @@ TEST_F(DecodeValidation, MismatchedDevices) {
       "out must be on cuda:0, got cuda:1"));
 }
 
+// Every tensor of the call on (pretend) GPU `device`, at distinct addresses 2^36 bytes apart:
+// for checks that must refuse the call before any CUDA call or read.
+void on_pretend_gpu(DecodeArgs& a, int device) {
+  uintptr_t address = 0;
+  for (TensorView* t : {&a.q, &a.kv_cache, &a.block_table, &a.seq_lens, &a.out, &*a.lse}) {
+    t->device = Device{DeviceKind::kCUDA, device};
+    t->data = reinterpret_cast<void*>(address += uintptr_t{1} << 36);
+  }
+}
+
+// The batch bound of the GPU path (kMaxDecodeBlocks): batch times the 64-token blocks a block
+// table row holds stays below 2^30. Pretend tensors of 65536 requests with 2^20-token tables
+// are one request too many; 65535 pass that check (and are refused later, for want of a
+// workspace or, without a GPU, by the CUDA runtime).
+TEST_F(DecodeValidation, BatchTimesTableBlocksBelowTwoToThirty) {
+  auto problem = [](int64_t batch) {
+    DecodeArgs a{};
+    a.q = make_view(nullptr, DType::kBFloat16, {}, {batch, 1, 1, kCacheRowDim});
+    a.kv_cache = make_view(nullptr, DType::kBFloat16, {}, {kNumPages, 64, kCacheRowDim});
+    a.block_table = make_view(nullptr, DType::kInt32, {}, {batch, int64_t{1} << 14});
+    a.seq_lens = make_view(nullptr, DType::kInt32, {}, {batch});
+    a.out = make_view(nullptr, DType::kBFloat16, {}, {batch, 1, 1, kLatentDim});
+    a.lse = make_view(nullptr, DType::kFloat32, {}, {batch, 1, 1});
+    on_pretend_gpu(a, 0);
+    return a;
+  };
+  EXPECT_TRUE(throws_error([&] { problem(65536).call(); },
+                           {"mla_decode: q.shape[0] (batch) times the blocks of 64 tokens", "(16384)",
+                            "must be < 2^30 on the GPU, got batch 65536"}));
+  try {
+    problem(65535).call();
+    ADD_FAILURE() << "a call without workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("batch"), std::string::npos) << e.what();
+  }
+}
+
+// A device index past what the capability check caches is refused by name before any CUDA call,
+// so this runs the same with or without a GPU.
+TEST_F(DecodeValidation, DeviceIndexBeyondTheCapabilityCache) {
+  EXPECT_TRUE(refused(
+      [&](DecodeArgs& a) {
+        on_pretend_gpu(a, 64);
+        a.kv_cache = make_view(a.kv_cache.data, DType::kBFloat16, a.kv_cache.device, {kNumPages, 8, kCacheRowDim});
+      },
+      "CUDA device index must be in [0, 64), got 64"));
+}
+
 // ---- overlaps ----
 
 TEST_F(DecodeValidation, OutOverlappingInputs) {

@@ -1,6 +1,7 @@
 // MlaBackend on a CUDA device: the metadata kernels against the host rule, decode through the
 // backend against the same steps on the CPU device (the reference), a CUDA graph captured once
-// and replayed with three different batches, and the workspace refusing to grow during capture.
+// and replayed with three different batches, the workspace refusing to grow during capture, and
+// decode on two streams at once (each backend and stream has its own workspace).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -11,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu/backend_testing.h"
+#include "common/decode_problem.h"
 #include "common/util.h"
+#include "cpu/backend_testing.h"
 #include "speedmla/backend.h"
 #include "speedmla/error.h"
-#include "speedmla/workspace.h"
 
 namespace speedmla::test {
 namespace {
@@ -223,10 +224,7 @@ TEST(BackendGpu, WorkspaceDoesNotGrowDuringCapture) {
   MlaBackendConfig config = decode_config(DType::kFloat8E4M3, current_gpu());
   MlaBackend backend(config);
   const int64_t rows = std::max(config.max_batch, config.max_graph_batch);
-  int64_t q_len = 1;
-  while (q_len < 1024 && backend.workspace_bytes(rows, q_len) <= workspace_capacity(config.device)) q_len *= 2;
-  if (backend.workspace_bytes(rows, q_len) <= workspace_capacity(config.device))
-    GTEST_SKIP() << "the shared workspace is already larger than any q_len needs";
+  const int64_t q_len = 4;
   std::mt19937_64 rng(7);
   const DecodeData data(DType::kFloat8E4M3, rng);
   DeviceTensor d_cache(data.cache), d_table(data.req_to_page);
@@ -235,10 +233,10 @@ TEST(BackendGpu, WorkspaceDoesNotGrowDuringCapture) {
                                 std::nullopt);
   DeviceTensor d_q(DType::kBFloat16, {q_len, DecodeData::kHeads, 576});
   DeviceTensor d_out(DType::kBFloat16, {q_len, DecodeData::kHeads, 512});
-  const size_t before = workspace_capacity(config.device);
-
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // A stream's first eager call has no workspace yet: inside capture it cannot get one.
+  ASSERT_EQ(backend.workspace_capacity(stream), 0u);
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
   std::string message;
   try {
@@ -251,13 +249,118 @@ TEST(BackendGpu, WorkspaceDoesNotGrowDuringCapture) {
   EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   if (graph) cudaGraphDestroy(graph);
   EXPECT_NE(message.find("cannot grow during CUDA-graph capture"), std::string::npos) << message;
-  EXPECT_EQ(workspace_capacity(config.device), before);
+  EXPECT_EQ(backend.workspace_capacity(stream), 0u);
   // Outside capture the same call grows the workspace and runs.
   backend.forward_decode(d_q.view(), d_cache.view(), 1, d_out.view(), 0.05f, 1.0f, std::nullopt,
                          std::nullopt, stream);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_GE(workspace_capacity(config.device), backend.workspace_bytes(rows, q_len));
+  EXPECT_EQ(backend.workspace_capacity(stream), backend.workspace_bytes(rows, q_len));
   cudaStreamDestroy(stream);
+}
+
+// Decode of two different batches at the same time, on two streams: by two backends (a target
+// and a draft model), and by one backend (the same metadata, other queries). Long sequences on
+// few requests, so the plans split requests and partial results go through the workspace;
+// twenty rounds queued back to back on both streams before one synchronisation, so the two
+// streams' kernels overlap. With one workspace shared by both, one stream's planner rewrote the
+// other's plans and partials while its kernels ran.
+TEST(BackendGpu, TwoStreamsDecodeConcurrentlyEachAgainstTheReference) {
+  SPEEDMLA_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  constexpr int64_t kBatch = 4, kHeads = 16, kRounds = 20;
+  constexpr float kScaling = 0.0416667f;
+  MlaBackendConfig config;
+  config.num_heads = kHeads;
+  config.page_size = 64;
+  config.kv_cache_dtype = DType::kBFloat16;
+  config.context_len = 16384;
+  config.max_batch = kBatch;
+  config.device = current_gpu();
+
+  // A batch: the problem's block table serves as the engine's req_to_page (pool row = request).
+  struct Batch {
+    DecodeProblem pb;
+    HostTensor expected;
+    DeviceTensor cache, req_to_page, pool, seq_lens, q, out;
+  };
+  // `queries_seed` != 0: the batch's queries drawn again from it (other outputs, same plans).
+  auto make_batch = [&](uint64_t batch_seed, uint64_t queries_seed = 0) {
+    std::mt19937_64 rng(batch_seed);
+    DecodeProblemSpec spec;
+    spec.dtype = DType::kBFloat16;
+    spec.batch = kBatch;
+    spec.heads = kHeads;
+    spec.page_size = 64;
+    spec.seq_lens = random_lengths(rng, kBatch, 3000, 16000);
+    spec.seed = batch_seed;
+    spec.softmax_scale = kScaling;
+    Batch b{make_decode_problem(spec), HostTensor(DType::kBFloat16, {kBatch, 1, kHeads, 512}), {}, {}, {}, {}, {}, {}};
+    if (queries_seed != 0) {
+      std::mt19937_64 queries(queries_seed);
+      fill_uniform(b.pb.q, queries, -1.0, 1.0);
+    }
+    mla_decode(b.pb.q.view(), b.pb.kv_cache, b.pb.block_table.view(), b.pb.seq_lens.view(), b.expected.view(),
+               std::nullopt, std::nullopt, kScaling);
+    b.cache = DeviceTensor(b.pb.cache_storage);
+    b.req_to_page = DeviceTensor(b.pb.block_table);
+    b.pool = DeviceTensor(int_tensor(DType::kInt64, {0, 1, 2, 3}));
+    b.seq_lens = DeviceTensor(b.pb.seq_lens);
+    b.q = DeviceTensor(b.pb.q);
+    b.out = DeviceTensor(DType::kBFloat16, {kBatch, 1, kHeads, 512});
+    b.out.fill_bytes(0xFF);
+    return b;
+  };
+  auto cache_view = [](const Batch& b) {
+    TensorView v = b.pb.kv_cache;
+    v.data = b.cache.view().data;
+    v.device = b.cache.view().device;
+    return v;
+  };
+  auto expect_matches = [&](const Batch& b, const char* what) {
+    const HostTensor got = b.out.to_host();
+    for (int64_t r = 0; r < kBatch; ++r) {
+      const ErrorStats err = compare_rows(got, b.expected, r, r + 1);
+      EXPECT_EQ(err.nonfinite, 0) << what << " request " << r << " seed " << seed;
+      EXPECT_LT(err.rel_l2, output_bound(DType::kBFloat16)) << what << " request " << r << " " << err.summary()
+                                                            << " seed " << seed;
+    }
+  };
+
+  cudaStream_t streams[2];
+  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  // kRounds of (x on stream 0 by `first`, y on stream 1 by `second`) queued back to back, one
+  // synchronisation, then both against the reference.
+  auto run_concurrently = [&](MlaBackend& first, Batch& x, MlaBackend& second, Batch& y, const char* what) {
+    for (int round = 0; round < kRounds; ++round) {
+      first.forward_decode(x.q.view(), cache_view(x), kBatch, x.out.view(), kScaling, 1.0f, std::nullopt,
+                           std::nullopt, streams[0]);
+      second.forward_decode(y.q.view(), cache_view(y), kBatch, y.out.view(), kScaling, 1.0f, std::nullopt,
+                            std::nullopt, streams[1]);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    expect_matches(x, what);
+    expect_matches(y, what);
+  };
+
+  // Two backends (a target and its draft model), two batches.
+  Batch a = make_batch(seed), b = make_batch(seed + 1);
+  MlaBackend target(config), draft(config);
+  target.init_forward_metadata(kBatch, 0, a.pool.view(), a.seq_lens.view(), ForwardMode::kDecode,
+                               a.req_to_page.view(), std::nullopt, streams[0]);
+  draft.init_forward_metadata(kBatch, 0, b.pool.view(), b.seq_lens.view(), ForwardMode::kDecode,
+                              b.req_to_page.view(), std::nullopt, streams[1]);
+  run_concurrently(target, a, draft, b, "two backends");
+
+  // One backend, one batch's metadata (d is c with other queries): the same plans, other
+  // partial results.
+  Batch c = make_batch(seed + 2), d = make_batch(seed + 2, seed + 3);
+  target.init_forward_metadata(kBatch, 0, c.pool.view(), c.seq_lens.view(), ForwardMode::kDecode,
+                               c.req_to_page.view(), std::nullopt, streams[0]);
+  ASSERT_EQ(cudaStreamSynchronize(streams[0]), cudaSuccess);  // the block table, before stream 1 reads it
+  run_concurrently(target, c, target, d, "one backend, two streams");
+  EXPECT_GT(target.workspace_capacity(streams[0]), 0u);
+  EXPECT_GT(target.workspace_capacity(streams[1]), 0u);
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -133,6 +133,15 @@ __device__ __forceinline__ void warpgroup_reg_dealloc() {
 // ---- wgmma shared-memory matrix descriptors -------------------------------------------------
 enum class SmemLayout : uint64_t { kInterleave = 0, kSwizzle128B = 1, kSwizzle64B = 2, kSwizzle32B = 3 };
 
+// Bytes of one swizzle row of a layout (0: interleaved, no swizzle): what a TMA map writing the
+// buffer must use (sm90::tma_swizzle_bytes), checked at compile time by the launchers.
+constexpr int smem_swizzle_bytes(SmemLayout layout) {
+  return layout == SmemLayout::kSwizzle128B ? 128
+         : layout == SmemLayout::kSwizzle64B ? 64
+         : layout == SmemLayout::kSwizzle32B ? 32
+                                             : 0;
+}
+
 // Start address, leading- and stride-dimension byte offsets (all multiples of 16 bytes).
 // For K-major swizzled layouts the leading offset is unused; the stride offset is the distance
 // between groups of 8 rows. See the PTX ISA, "Matrix Descriptor Format".

@@ -4,8 +4,12 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-void launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
-  launch_decode_kernel<Fp8Traits>(kv_map, params, stream);
+DecodeLaunchStatus prepare_decode_fp8(const DecodeLaunch& launch, CUtensorMap* kv_map) {
+  return prepare_decode_kernel<Fp8Traits>(launch, kv_map);
+}
+
+cudaError_t launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
+  return launch_decode_kernel<Fp8Traits>(kv_map, params, stream);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

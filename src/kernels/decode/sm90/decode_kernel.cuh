@@ -38,6 +38,7 @@
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace speedmla::kernels::decode_sm90 {
@@ -48,6 +49,9 @@ struct Fp8Traits {
   static constexpr int kKStages = 3;
   static constexpr int kVtStages = 2;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
+  // How TMA writes the cache's chunks into a K stage: the same swizzle, FP8 as raw bytes.
+  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
+  static constexpr sm90::TmaElement kTmaElement = sm90::TmaElement::kUInt8;
   static constexpr int kMmaK = 32;  // K of one wgmma, in elements (32 bytes)
   // P in [0, 2^7] instead of [0, 1] before the FP8 conversion: small probabilities stay normal
   // numbers (e4m3 subnormals start at 2^-6). It cancels in out = (P·V) / sum(P).
@@ -72,6 +76,8 @@ struct Bf16Traits {
   static constexpr int kKStages = 2;
   static constexpr int kVtStages = 0;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
+  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k128B;
+  static constexpr sm90::TmaElement kTmaElement = sm90::TmaElement::kBFloat16;
   static constexpr int kMmaK = 16;
   static constexpr float kProbabilityLog2Bias = 0.f;
   static constexpr float kMaxSlackLog2 = 8.f;  // P below 2^8: nowhere near BF16's range
@@ -92,6 +98,13 @@ struct Bf16Traits {
 
 template <typename Traits>
 struct DecodeKernel {
+  // The cache map's swizzle and element (launch_kernel.cuh encodes it from the traits) must be
+  // the layout wgmma reads, and one chunk row must be one swizzle row.
+  static_assert(sm90::tma_swizzle_bytes(Traits::kTmaSwizzle) == sm90::smem_swizzle_bytes(Traits::kSwizzle),
+                "the TMA map must write the swizzle wgmma reads");
+  static_assert(sm90::tma_element_bytes(Traits::kTmaElement) == Traits::kElemBytes, "TMA element size");
+  static_assert(kChunkDims * Traits::kElemBytes == sm90::smem_swizzle_bytes(Traits::kSwizzle),
+                "a chunk row is one swizzle row");
   static constexpr int kE = Traits::kElemBytes;
   static constexpr int kChunkRowBytes = kChunkDims * kE;          // one swizzle row
   static constexpr int kChunkBytes = kBlockTokens * kChunkRowBytes;  // a 64-row chunk

@@ -5,12 +5,22 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-cudaError_t run_decode(const CUtensorMap& kv_map, const DecodeParams& params, bool fp8, cudaStream_t stream) {
+DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream) {
+  // Without its opt-in the main kernel would not run while the schedule and combine kernels
+  // would, leaving a wrong output and no error: the map and the opt-in come before any launch.
+  CUtensorMap kv_map;
+  DecodeLaunchStatus status = launch.fp8 ? prepare_decode_fp8(launch, &kv_map) : prepare_decode_bf16(launch, &kv_map);
+  if (status.tensor_map != 0 || status.cuda != cudaSuccess) {
+    cudaGetLastError();  // a failed runtime call also set the thread's last error: reported here instead
+    return status;
+  }
+  const DecodeParams params = make_decode_params(launch);
   run_decode_schedule(params, stream);
-  if (fp8) launch_decode_fp8(kv_map, params, stream);
-  else launch_decode_bf16(kv_map, params, stream);
+  status.cuda = launch.fp8 ? launch_decode_fp8(kv_map, params, stream) : launch_decode_bf16(kv_map, params, stream);
+  if (status.cuda != cudaSuccess) return status;
   if (params.num_slots > 0) run_decode_combine(params, stream);
-  return cudaGetLastError();
+  status.cuda = cudaGetLastError();
+  return status;
 }
 
 }  // namespace speedmla::kernels::decode_sm90

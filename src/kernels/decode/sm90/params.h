@@ -1,6 +1,6 @@
 // The whole contract between the decode launcher and its three kernels (schedule, main,
 // combine): every pointer, stride and size they see. Built and validated on the host
-// (src/api/decode.cpp), passed by value.
+// (launch_params.cpp, from what src/api/decode.cpp validated), passed by value.
 #pragma once
 
 #include <cstdint>

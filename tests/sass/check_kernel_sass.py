@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
-"""Static checks of the decode kernels' machine code (SASS). No GPU needed: CTest runs this on
-every machine, with the pinned cuobjdump and nvdisasm that scripts/setup.sh installs.
+"""Static checks of wgmma kernels' machine code (SASS). No GPU needed: CTest runs this on every
+machine, with the pinned cuobjdump and nvdisasm that scripts/setup.sh installs.
 
-    check_decode_sass.py --cuobjdump PATH LIBRARY_OR_OBJECT
-    check_decode_sass.py --self-test
+    check_kernel_sass.py --kernel-regex REGEX [--max-waits N] [--kernels N] --cuobjdump PATH BINARY
+    check_kernel_sass.py --self-test
+
+The kernels checked are the functions of BINARY whose (mangled) name matches --kernel-regex:
+`decode_kernel` for decode (CTest decode_sass), `prefill_kernel` for prefill (prefill_sass).
+--kernels is how many must match (0: none is fine, reported as "no kernels matched"), and
+--max-waits the most wgmma waits (WARPGROUP.DEPBAR) one kernel may hold: a kernel's own
+figure, from the places its code waits for its wgmma groups.
 
 What each check guards against. Each fault also shows on the GPU, but only under compute-sanitizer
 or in a benchmark of the right shape; here every build is checked, on any machine:
@@ -13,24 +19,20 @@ or in a benchmark of the right shape; here every build is checked, on any machin
    warps of a warpgroup must execute each of them together. A branch on a warp-uniform vote
    (VOTE.ALL / VOTE.ANY, from __all_sync or __any_sync) may be taken by some warps of a
    warpgroup and not others, so the code it skips must hold none of them. ptxas inserts waits of
-   its own: it once put a WARPGROUP.DEPBAR inside the BF16 rescale that only warps whose row
-   maxima moved execute. The results stayed right; compute-sanitizer synccheck caught it on the
-   GPU.
+   its own: it once put a WARPGROUP.DEPBAR inside the decode BF16 rescale that only warps whose
+   row maxima moved execute. The results stayed right; compute-sanitizer synccheck caught it on
+   the GPU.
 2. No serialised wgmma. When ptxas cannot prove an asynchronous accumulator safe it waits for
-   every wgmma (warning C7515, or silently), and the tensor cores run one at a time: a decode
-   kernel then holds a WARPGROUP.DEPBAR per wgmma instead of a handful.
-3. No local memory: register spills in the decode kernels cost far more than they show in a
-   quick benchmark of one shape.
+   every wgmma (warning C7515, or silently), and the tensor cores run one at a time: a kernel
+   then holds a WARPGROUP.DEPBAR per wgmma instead of a handful.
+3. No local memory: register spills in these kernels cost far more than they show in a quick
+   benchmark of one shape.
 """
 import argparse
 import re
 import subprocess
 import sys
 
-# A decode kernel waits for its wgmma groups at a few places (after the scores, after the P·V,
-# at the end of a piece); a serialised one waits after each of its 70-80 wgmmas.
-MAX_WAITS_PER_KERNEL = 12
-DECODE_KERNEL = re.compile(r"decode_kernel")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
 RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -78,7 +80,7 @@ def vote_skipped_regions(instructions):
     return regions
 
 
-def check_function(name, instructions):
+def check_function(name, instructions, max_waits):
     errors = []
     for vote_pc, branch_pc, target in vote_skipped_regions(instructions):
         inside = [(pc, text) for pc, text in instructions if branch_pc < pc < target and is_warpgroup_instruction(text)]
@@ -88,15 +90,16 @@ def check_function(name, instructions):
     waits = sum(1 for _, text in instructions if text.startswith("WARPGROUP.DEPBAR"))
     mmas = sum(1 for _, text in instructions if is_mma(text))
     if mmas == 0:
-        errors.append(f"{name}: no wgmma at all (not the decode kernel this check expects?)")
-    if waits > MAX_WAITS_PER_KERNEL:
-        errors.append(f"{name}: {waits} wgmma waits for {mmas} wgmmas (at most {MAX_WAITS_PER_KERNEL} expected): "
+        errors.append(f"{name}: no wgmma at all (not a kernel this check expects?)")
+    if waits > max_waits:
+        errors.append(f"{name}: {waits} wgmma waits for {mmas} wgmmas (at most {max_waits} expected): "
                       "ptxas serialised the wgmmas")
     return errors
 
 
-def check_resources(resource_text):
-    """Local-memory use of each decode kernel from `cuobjdump -res-usage`."""
+def check_resources(resource_text, kernel):
+    """Local-memory use of each kernel matching `kernel` (a compiled regex), from
+    `cuobjdump -res-usage`."""
     errors, current, seen = [], None, 0
     for line in resource_text.splitlines():
         match = RESOURCE_FUNCTION.search(line)
@@ -104,7 +107,7 @@ def check_resources(resource_text):
             current = match.group(1)
             continue
         match = RESOURCES.search(line)
-        if match and current and DECODE_KERNEL.search(current):
+        if match and current and kernel.search(current):
             seen += 1
             stack, local = int(match.group(2)), int(match.group(4))
             if stack or local:
@@ -112,25 +115,26 @@ def check_resources(resource_text):
     return errors, seen
 
 
-def run_checks(cuobjdump, binary, expected_kernels):
+def run_checks(cuobjdump, binary, kernel, expected_kernels, max_waits):
+    """(errors, number of kernels checked) for the kernels of `binary` matching `kernel`."""
     sass = subprocess.run([cuobjdump, "-sass", binary], check=True, capture_output=True, text=True).stdout
     resources = subprocess.run([cuobjdump, "-res-usage", binary], check=True, capture_output=True, text=True).stdout
-    kernels = {name: ins for name, ins in parse_sass(sass).items() if DECODE_KERNEL.search(name)}
+    kernels = {name: ins for name, ins in parse_sass(sass).items() if kernel.search(name)}
     errors = []
     if len(kernels) < expected_kernels:
-        errors.append(f"found {len(kernels)} decode kernels in {binary}, expected {expected_kernels} "
-                      "(is cuobjdump's nvdisasm next to it?)")
+        errors.append(f"found {len(kernels)} kernels matching {kernel.pattern!r} in {binary}, expected "
+                      f"{expected_kernels} (is cuobjdump's nvdisasm next to it?)")
     for name, instructions in sorted(kernels.items()):
-        errors += check_function(name, instructions)
+        errors += check_function(name, instructions, max_waits)
         print(f"{name}: {len(instructions)} instructions, "
               f"{sum(1 for _, t in instructions if is_mma(t))} wgmma, "
               f"{sum(1 for _, t in instructions if t.startswith('WARPGROUP.DEPBAR'))} wgmma waits, "
               f"{len(vote_skipped_regions(instructions))} vote-guarded regions")
-    resource_errors, seen = check_resources(resources)
+    resource_errors, seen = check_resources(resources, kernel)
     errors += resource_errors
     if seen < len(kernels):
-        errors.append(f"resource usage found for {seen} of {len(kernels)} decode kernels")
-    return errors
+        errors.append(f"resource usage found for {seen} of {len(kernels)} kernels")
+    return errors, len(kernels)
 
 
 # Hand-written SASS in cuobjdump's format: a clean kernel, then the two faults this script exists
@@ -155,17 +159,19 @@ _SERIALISED = "        Function : decode_kernel_serialised\n" + "".join(
 
 def self_test():
     functions = parse_sass(_GOOD + _DIVERGENT_WAIT + _SERIALISED)
-    results = {name: check_function(name, ins) for name, ins in functions.items()}
+    results = {name: check_function(name, ins, max_waits=12) for name, ins in functions.items()}
     expectations = {
         "decode_kernel_good": lambda e: not e,
         "decode_kernel_divergent": lambda e: len(e) == 1 and "VOTE" in e[0],
         "decode_kernel_serialised": lambda e: len(e) == 1 and "serialised" in e[0],
     }
     failed = [name for name, expect in expectations.items() if name not in results or not expect(results[name])]
-    resource_errors, _ = check_resources(
-        "Function decode_kernel_spills:\n  REG:168 STACK:8 SHARED:0 LOCAL:8 CONSTANT[0]:984\n")
-    if len(resource_errors) != 1:
-        failed.append("decode_kernel_spills")
+    spills = ("Function decode_kernel_spills:\n  REG:168 STACK:8 SHARED:0 LOCAL:8 CONSTANT[0]:984\n"
+              "Function prefill_kernel_spills:\n  REG:168 STACK:0 SHARED:0 LOCAL:16 CONSTANT[0]:984\n")
+    for pattern in ("decode_kernel", "prefill_kernel"):  # each regex sees its own kernel only
+        resource_errors, _ = check_resources(spills, re.compile(pattern))
+        if len(resource_errors) != 1 or pattern not in resource_errors[0]:
+            failed.append(f"{pattern}_spills")
     for name in failed:
         print(f"self-test: the check of {name} did not report what it should: {results.get(name)}")
     return not failed
@@ -175,24 +181,31 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cuobjdump", default="cuobjdump")
     parser.add_argument("--self-test", action="store_true", help="check the checks on hand-written SASS")
-    parser.add_argument("--kernels", type=int, default=2,
-                        help="decode kernels the binary must hold (2: the library; 1: one object file)")
-    parser.add_argument("binary", nargs="?", help="the speedmla library or a decode object file")
+    parser.add_argument("--kernel-regex", help="the kernels to check: a regex over their mangled names")
+    parser.add_argument("--kernels", type=int, default=1,
+                        help="how many kernels must match (0: none is fine, reported as 'no kernels matched')")
+    parser.add_argument("--max-waits", type=int, default=12, help="the most wgmma waits one kernel may hold")
+    parser.add_argument("binary", nargs="?", help="the speedmla library or an object file")
     args = parser.parse_args()
     if args.self_test:
         ok = self_test()
         print("self-test passed" if ok else "self-test FAILED")
         return 0 if ok else 1
-    if not args.binary:
-        parser.error("a library or object file is required")
+    if not args.binary or not args.kernel_regex:
+        parser.error("--kernel-regex and a library or object file are required")
+    kernel = re.compile(args.kernel_regex)
     try:
-        errors = run_checks(args.cuobjdump, args.binary, args.kernels)
+        errors, checked = run_checks(args.cuobjdump, args.binary, kernel, args.kernels, args.max_waits)
     except FileNotFoundError:
         print(f"ERROR: no cuobjdump at {args.cuobjdump!r}: scripts/setup.sh installs the pinned one")
         return 1
     for error in errors:
         print("ERROR:", error)
-    print("decode SASS checks passed" if not errors else f"{len(errors)} decode SASS check(s) failed")
+    if not errors and checked == 0:
+        print(f"no kernels matched {args.kernel_regex!r}: nothing to check")
+        return 0
+    print(f"SASS checks of {checked} kernel(s) matching {args.kernel_regex!r} passed" if not errors
+          else f"{len(errors)} SASS check(s) failed")
     return 0 if not errors else 1
 
 
