@@ -14,19 +14,9 @@
 
 namespace speedmla::test {
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("SPEEDMLA_TEST_SEED");
-    const uint64_t value = env && *env ? std::strtoull(env, nullptr, 10) : std::random_device{}() % 1000000;
-    std::printf("[ seed ] SPEEDMLA_TEST_SEED=%llu replays this run's random data\n",
-                static_cast<unsigned long long>(value));
-    return value;
-  }();
-  return seed;
-}
-
 std::mt19937_64 case_rng(std::string_view case_name) {
-  std::seed_seq seq{static_cast<uint32_t>(test_seed()), static_cast<uint32_t>(test_seed() >> 32),
+  const uint64_t seed = test_seed();
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
                     static_cast<uint32_t>(std::hash<std::string_view>{}(case_name))};
   return std::mt19937_64(seq);
 }
@@ -176,14 +166,6 @@ std::string ErrorStats::summary() const {
   return os.str();
 }
 
-ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
-  if (actual.numel() != expected.numel()) throw std::runtime_error("compare: element counts differ");
-  return compare(actual, expected, 0, actual.numel());
-}
-
-ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end) {
-  if (begin < 0 || end < begin || end > actual.numel() || end > expected.numel())
-    throw std::runtime_error("compare: range outside the tensors");
 namespace {
 
 // Elements [begin, end) of both tensors (flat, row-major).
@@ -211,6 +193,12 @@ ErrorStats compare_elements(const HostTensor& actual, const HostTensor& expected
 ErrorStats compare(const HostTensor& actual, const HostTensor& expected) {
   if (actual.numel() != expected.numel()) throw std::runtime_error("compare: element counts differ");
   return compare_elements(actual, expected, 0, actual.numel());
+}
+
+ErrorStats compare(const HostTensor& actual, const HostTensor& expected, int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > actual.numel() || end > expected.numel())
+    throw std::runtime_error("compare: range outside the tensors");
+  return compare_elements(actual, expected, begin, end);
 }
 
 ErrorStats compare_rows(const HostTensor& actual, const HostTensor& expected, int64_t row_begin, int64_t row_end) {

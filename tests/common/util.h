@@ -13,9 +13,6 @@
 
 namespace speedmla::test {
 
-// The run's base seed: $SPEEDMLA_TEST_SEED when set, else a fresh one. Printed on first use
-// ("[ seed ] ..."), so that exporting it replays a failed run with the same data.
-uint64_t test_seed();
 // A generator for one named case, seeded from test_seed() and the name: a case draws the same
 // data whichever other cases run before it (a --gtest_filter replay included).
 std::mt19937_64 case_rng(std::string_view case_name);

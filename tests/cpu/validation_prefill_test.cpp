@@ -137,13 +137,24 @@ TEST_F(PrefillValidation, MismatchedDevices) {
   expect_error([](PrefillArgs& a) { a.q.device = kCuda; }, {"k must be on cuda:0, got cpu"});
 }
 
-TEST_F(PrefillValidation, CudaTensorsAreRefusedUntilTheGpuPathExists) {
+// What the SM90 kernel needs beyond the contract is checked before anything touches a device
+// (these views claim CUDA without one).
+TEST_F(PrefillValidation, GpuRequirements) {
+  auto on_cuda = [](PrefillArgs& a) {
+    for (TensorView* t : {&a.q, &a.k, &a.v, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.out, &*a.lse}) t->device = kCuda;
+  };
   expect_error(
-      [](PrefillArgs& a) {
-        for (TensorView* t : {&a.q, &a.k, &a.v, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.out, &*a.lse})
-          t->device = kCuda;
+      [&](PrefillArgs& a) {
+        on_cuda(a);
+        a.softmax_scale = -0.1f;
       },
-      {"the GPU path is not available yet (CUDA tensors given); use CPU tensors"});
+      {"softmax_scale must be > 0 on the GPU"});
+  expect_error(
+      [&](PrefillArgs& a) {
+        on_cuda(a);
+        a.q.strides[0] -= 1;  // a token stride that is no multiple of 16 bytes
+      },
+      {"q.stride(0) must be a multiple of 16 bytes"});
 }
 
 TEST_F(PrefillValidation, BadCuSeqlensValues) {
