@@ -19,10 +19,6 @@ inline constexpr int kChunkDims = 64;
 inline constexpr int kQkChunks = kQkDim / kChunkDims;  // 3
 inline constexpr int kVChunks = kVDim / kChunkDims;    // 2
 
-// Bytes of keys and values the CTAs working at the same time should share through L2 (of the
-// H200's and H100's 50-60 MB, leaving room for the queries and outputs streaming past).
-inline constexpr long long kL2KeyValueBudget = 24ll << 20;
-
 // A producer warpgroup (TMA loads; FP8: the V transposes) and two consumers.
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = 3 * kWarpgroupThreads;

@@ -1,7 +1,5 @@
 #include "kernels/prefill/sm90/launch.h"
 
-#include <algorithm>
-
 #include "kernels/prefill/sm90/config.h"
 
 namespace speedmla::kernels::prefill_sm90 {
@@ -15,13 +13,6 @@ PrefillLaunchStatus run_prefill(const PrefillViews& views, cudaStream_t stream) 
   p.total_k = static_cast<int>(views.k.size(0));
   p.num_slots = p.total_q / kTileRows + p.batch;
   p.total_tiles = static_cast<int64_t>(p.num_slots) * p.num_heads;
-  // Keys and values of one KV head, all requests: its query heads' tiles read them again and
-  // again, so a group of heads worked on at once should keep its own in L2.
-  const int64_t kv_head_bytes =
-      views.k.size(0) * (kQkDim + kVDim) * static_cast<int64_t>(dtype_size(views.k.dtype));
-  const int64_t kv_heads = std::clamp<int64_t>(kL2KeyValueBudget / std::max<int64_t>(kv_head_bytes, 1), 1,
-                                               views.k.size(1));
-  p.group_heads = static_cast<int>(std::min<int64_t>(kv_heads * p.head_group, p.num_heads));
   p.cu_seqlens_q = views.cu_seqlens_q.ptr<int32_t>();
   p.cu_seqlens_k = views.cu_seqlens_k.ptr<int32_t>();
   p.out = views.out.ptr<uint16_t>();

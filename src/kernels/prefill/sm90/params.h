@@ -20,9 +20,6 @@ struct PrefillParams {
   // total_q / kTileRows + B slots cover every request.
   int num_slots;
   int64_t total_tiles;  // num_slots * H: the persistent CTAs' work items
-  // Heads whose tiles are interleaved (prefill_kernel.cuh's order): as many as share about
-  // kL2KeyValueBudget bytes of keys and values, at least 1, at most H.
-  int group_heads;
 
   // ---- inputs read directly (q, k and v go through their TMA descriptors)
   const int32_t* cu_seqlens_q;  // [B + 1], on the device

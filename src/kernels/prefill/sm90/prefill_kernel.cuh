@@ -2,11 +2,9 @@
 // (bottom-right aligned) or not, BF16 or FP8 e4m3 tensor-core math.
 //
 // Persistent CTAs walk the tiles (kTileRows query tokens of one head of one request) in a fixed
-// order (work_item: rounds of one item per CTA, alternating direction): groups of heads whose
-// keys and values fit in L2 together outermost, so the CTAs running at once share them; inside
-// a group, slots from the last down with the group's heads innermost, so the tiles with the most
-// keys under the causal mask come first, tiles of similar cost run side by side, and the short
-// ones fill the tail (params.h says what a slot is).
+// order (work_item: rounds of one item per CTA, alternating direction): heads outermost, so
+// the CTAs running at once share one head's keys and values in L2; inside a head, slots from the last down, so each request's tiles with the most keys under the
+// causal mask come first and the short ones fill the tail (params.h says what a slot is).
 //
 //   warpgroup 0 (producer)   finds each tile's request (a warp-wide search over cu_seqlens_q),
 //                            hands it to the consumers in shared memory with the query tile,
@@ -174,14 +172,8 @@ struct PrefillKernel {
   // request is found by a 32-way search over cu_seqlens_q (two rounds up to 1024 requests).
   static __device__ bool find_tile(const PrefillParams& p, int64_t linear, TileInfo& t) {
     const int lane = threadIdx.x % 32;
-    // Work items: groups of p.group_heads heads; inside a group, slots from the last down, and
-    // the group's heads innermost (the last group may have fewer heads).
-    const int64_t group_items = static_cast<int64_t>(p.num_slots) * p.group_heads;
-    const int group = static_cast<int>(linear / group_items);
-    const int heads_here = min(p.group_heads, p.num_heads - group * p.group_heads);
-    const int in_group = static_cast<int>(linear % group_items);
-    const int head = group * p.group_heads + in_group % heads_here;
-    const int slot = p.num_slots - 1 - in_group / heads_here;
+    const int head = static_cast<int>(linear / p.num_slots);
+    const int slot = p.num_slots - 1 - static_cast<int>(linear % p.num_slots);
     // The request is the last b whose first slot, cu_q[b] / kTileRows + b, is <= slot: that
     // function of b increases strictly for valid cu_seqlens, and the search needs only that it
     // is monotone to end in [0, B) (invalid values give a wrong request, never a wild access).
