@@ -28,8 +28,17 @@ inline constexpr int kPrefillVDim = 128;   // v_head_dim
 // All tensors (cu_seqlens too) live on one device. out and lse must not overlap the inputs or
 // each other. Other strides than the last dim's are free.
 //
-// CPU tensors run the reference. The GPU path is not available yet: CUDA tensors raise Error.
-// Throws Error for any shape, dtype, stride, device or cu_seqlens value it can check.
+// CPU tensors run the reference (cu_seqlens values are checked there). CUDA tensors run the SM90
+// kernel (compute capability 9.0 only) on `stream`: one persistent launch, no allocation and no
+// host synchronisation, so the call can be captured in a CUDA graph and replayed with new
+// lengths. There cu_seqlens are read on the device only: values the CPU path would refuse
+// (decreasing, past the tensors) are clamped to the tensors, so they can give wrong rows but
+// never an out-of-bounds access. The GPU path also requires softmax_scale > 0; q, k and v data
+// 16-byte aligned with every stride but the last a non-negative multiple of 16 bytes (token
+// strides of views into wider buffers are fine); out 4-byte aligned; cu_seqlens contiguous;
+// q and k with fewer than 2^31 rows.
+// Throws Error for any shape, dtype, stride, device or cu_seqlens value it can check, naming the
+// argument.
 void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                  const TensorView& out, const std::optional<TensorView>& lse, bool causal,
