@@ -18,7 +18,6 @@ struct PipelineState {
   // Parity to wait for before overwriting the stage (a "free" barrier released by the readers
   // of the previous use); passes at once for the first kStages uses.
   __device__ __forceinline__ uint32_t free_parity() const { return full_parity() ^ 1u; }
-  __device__ __forceinline__ PipelineState next() const { return PipelineState{count + 1}; }
   __device__ __forceinline__ void advance(uint32_t uses = 1) { count += uses; }
 };
 

@@ -21,8 +21,4 @@ __device__ __forceinline__ uint32_t swizzled_piece_offset(int row, int piece) {
     return row * 128 + ((piece ^ (row & 7)) << 4);
 }
 
-// Bytes of one swizzled row.
-template <SmemLayout kLayout>
-inline constexpr int kSwizzleRowBytes = kLayout == SmemLayout::kSwizzle64B ? 64 : 128;
-
 }  // namespace speedmla::kernels::sm90

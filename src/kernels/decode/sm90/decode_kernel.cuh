@@ -36,8 +36,12 @@
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/sm90/attention/accumulator.cuh"
+#include "kernels/sm90/attention/fp8_transpose.cuh"
+#include "kernels/sm90/attention/probabilities.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/swizzle.cuh"
 #include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -113,6 +117,7 @@ struct DecodeKernel {
   static constexpr int kStepsPerChunk = kChunkDims / Traits::kMmaK;
   static constexpr int kValueSteps = kBlockTokens / Traits::kMmaK;  // K steps of P·V per block
   static constexpr int kPRegs = 4 * kValueSteps;                    // P fragment registers
+  static_assert(kPRegs == sm90::attention::kProbabilityRegs<Traits::kFp8, 32>);
   static constexpr int kQPiecesPerRow = kRowDim * kE / 16;           // 16-byte pieces of a row
   static constexpr int kPiecesPerChunkRow = kChunkRowBytes / 16;
 
@@ -267,62 +272,17 @@ struct DecodeKernel {
     }
   }
 
-  // ---------------------------------------------------------------------------------------
-  // FP8 V transpose (by the consumers). V^T position 4k + 2a + b of each 16-token group holds
-  // token 8a + 2k + b: the order of the P fragment in registers (see pack_probabilities), so P
-  // never has to move between threads. It is also what a 16-bit transposing matrix load gives:
-  // ldmatrix.trans of the group's tokens 0-7 and 8-15 (16 dims each) hands lane l the dim pair
-  // (2 (l/4), 2 (l/4) + 1) of tokens (2k, 2k+1) and (8+2k, 9+2k), k = l % 4; one byte permute
-  // per dim makes the 4 bytes of V^T row 2 (l/4) (or +1) at positions 4k..4k+3, which is the
-  // fragment stmatrix stores as row l/4.
-  // ---------------------------------------------------------------------------------------
-  // Transposes one half of the block's values (half 0 = dims 0..255, half 1 = 256..511): warp
-  // w of the consumer takes token group w, in 8 steps of 32 dims. kMasked: the block has
-  // tokens past seq_len (valid < 64), which become zeros.
-  // Transpose steps whose loads are in flight together (8 spills at 240 registers).
+  // FP8 V transpose (by the consumers): each consumer transposes its half of the block's values
+  // (half 0 = dims 0..255, half 1 = 256..511) into its own V^T buffer, warp w taking token group
+  // w, in 8 steps of 32 dims (sm90/attention/fp8_transpose.cuh: the V^T positions follow the P
+  // fragment's register order, so P never moves between threads). Four steps' loads are in
+  // flight together (8 spills at 240 registers with more).
   static constexpr int kTransposeBatch = 4;
   template <bool kMasked>
   static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
                                           int lane) {
-    const int matrix = lane / 8, row = lane % 8;
-    // Load: matrix m is tokens 16w + 8 (m % 2) + 0..7, 16-byte piece m / 2 of the step's 32
-    // dims. 64-byte swizzle: piece p of row t sits at p ^ ((t >> 1) & 3). Odd steps use pieces
-    // 2 and 3 of the chunk (an XOR with 2), even steps 0 and 1.
-    const int token = 16 * warp + 8 * (matrix % 2) + row;
-    const uint32_t token_row = k_stage + half * 4 * kChunkBytes + token * kChunkRowBytes;
-    const int piece = (matrix / 2) ^ ((token >> 1) & 3);
-    const uint32_t load_base[2] = {token_row + (piece << 4), token_row + ((piece ^ 2) << 4)};
-    // Store: matrix i holds V^T rows (dims) 16 (i / 2) + 2r + i % 2 of the step, r = row.
-    const int dim = 16 * (matrix / 2) + 2 * row + matrix % 2;
-    const uint32_t store_base = vt_stage + (half * 32 + dim / 8) * kVtGroupStride + warp * kVtCoreStride + (dim % 8) * 16;
-    // Tokens of this lane's output bytes: 2k, 2k+1, 8+2k, 9+2k of the group.
-    uint32_t keep = 0xffffffffu;
-    if (kMasked) {
-      const int first = 16 * warp + 2 * (lane % 4);
-      keep = (first < valid ? 0xffu : 0u) | (first + 1 < valid ? 0xff00u : 0u) | (first + 8 < valid ? 0xff0000u : 0u) |
-             (first + 9 < valid ? 0xff000000u : 0u);
-    }
-    // Steps (dims 32 step .. 32 step + 31 of the half) in batches whose loads are all issued
-    // before the batch's stores: a load may not pass an earlier store (to the compiler they
-    // might alias), so one load per store would put a shared-memory latency on every step.
-#pragma unroll
-    for (int batch = 0; batch < 8; batch += kTransposeBatch) {
-      uint4 in[kTransposeBatch];
-#pragma unroll
-      for (int i = 0; i < kTransposeBatch; ++i) {
-        const int step = batch + i;
-        in[i] = sm90::ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
-      }
-#pragma unroll
-      for (int i = 0; i < kTransposeBatch; ++i) {
-        uint4 out;
-        out.x = sm90::byte_perm(in[i].x, in[i].y, 0x6420u) & keep;
-        out.y = sm90::byte_perm(in[i].x, in[i].y, 0x7531u) & keep;
-        out.z = sm90::byte_perm(in[i].z, in[i].w, 0x6420u) & keep;
-        out.w = sm90::byte_perm(in[i].z, in[i].w, 0x7531u) & keep;
-        sm90::stmatrix_x4(store_base + (batch + i) * 4 * kVtGroupStride, out);
-      }
-    }
+    sm90::attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, 8, kTransposeBatch, kMasked>(
+        k_stage, 4 * half, vt_stage, 32 * half, warp, valid, lane);
   }
 
   // One thread issues all loads, up to kKStages blocks ahead of the consumers; the other
@@ -400,28 +360,11 @@ struct DecodeKernel {
         src = q + element * kE + piece * 16;
       }
       const int chunk = piece / kPiecesPerChunkRow, in_row = piece % kPiecesPerChunkRow;
-      const int swizzle = Traits::kFp8 ? (r >> 1) & 3 : r & 7;
-      sm90::cp_async_16(q_smem + chunk * kChunkBytes + r * kChunkRowBytes + ((in_row ^ swizzle) << 4), src,
+      sm90::cp_async_16(q_smem + chunk * kChunkBytes + sm90::swizzled_piece_offset<Traits::kSwizzle>(r, in_row), src,
                         row < p.num_rows ? 16u : 0u);
     }
     sm90::cp_async_wait_all();
     sm90::fence_proxy_async_smem();
-  }
-
-  static __device__ void zero(float (&acc)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  }
-
-  static __device__ void rescale(float (&acc)[128], float scale0, float scale1) {
-    if (__all_sync(0xffffffffu, scale0 == 1.f && scale1 == 1.f)) return;  // common once maxima settle
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      acc[4 * i + 0] *= scale0;
-      acc[4 * i + 1] *= scale0;
-      acc[4 * i + 2] *= scale1;
-      acc[4 * i + 3] *= scale1;
-    }
   }
 
   // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
@@ -508,46 +451,6 @@ struct DecodeKernel {
     if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&s.kfree[(j % kKStages) * kLoadParts + part_of_half(half)]);
   }
 
-  // Probabilities of the accumulator layout -> A-operand fragments of the P·V wgmma.
-  // BF16 (k16): the layouts coincide. FP8 (k32): a thread's four bytes of a k-group are the
-  // tokens {2q, 2q+1, 8+2q, 9+2q} of two n8 accumulator blocks; the V^T positions are permuted
-  // to match (transpose_values).
-  static __device__ void pack_probabilities(const float (&pr)[32], uint32_t (&probs)[kPRegs]) {
-    if constexpr (Traits::kFp8) {
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        const float* f = &pr[16 * step];
-        probs[4 * step + 0] = sm90::pack_fp8x4(f[0], f[1], f[4], f[5]);
-        probs[4 * step + 1] = sm90::pack_fp8x4(f[2], f[3], f[6], f[7]);
-        probs[4 * step + 2] = sm90::pack_fp8x4(f[8], f[9], f[12], f[13]);
-        probs[4 * step + 3] = sm90::pack_fp8x4(f[10], f[11], f[14], f[15]);
-      }
-    } else {
-#pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        const float* f = &pr[8 * step];
-        probs[4 * step + 0] = sm90::pack_bf16x2(f[0], f[1]);
-        probs[4 * step + 1] = sm90::pack_bf16x2(f[2], f[3]);
-        probs[4 * step + 2] = sm90::pack_bf16x2(f[4], f[5]);
-        probs[4 * step + 3] = sm90::pack_bf16x2(f[6], f[7]);
-      }
-    }
-  }
-
-  // FP8: this thread's share of the block's row sums of the e4m3-rounded P that the P·V
-  // multiplies (RowSums::weights). Registers 4s and 4s + 2 hold row 0's probabilities, 4s + 1
-  // and 4s + 3 row 1's (pack_probabilities). Partial sums of at most 16 values below 2^8.5 lose
-  // next to nothing in FP16 (11-bit significands against e4m3's 4).
-  static __device__ void sum_probability_weights(const uint32_t (&probs)[kPRegs], RowSums& sums) {
-    static_assert(Traits::kFp8 && kPRegs == 8);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t row0 = sm90::add_f16x2(sm90::fp8x4_pair_sums(probs[i]), sm90::fp8x4_pair_sums(probs[i + 2]));
-      const uint32_t row1 = sm90::add_f16x2(sm90::fp8x4_pair_sums(probs[i + 4]), sm90::fp8x4_pair_sums(probs[i + 6]));
-      sums.weights[i] = sm90::f16x2_total(sm90::add_f16x2(row0, row1));
-    }
-  }
-
   // Message slot of this thread for its P fragment registers, 16 bytes at a time.
   static __device__ uint32_t message_prob_slot(const Smem& s, int group) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -622,19 +525,6 @@ struct DecodeKernel {
     }
   }
 
-  // Reduces row i's 16 accumulator registers of a thread (4n + 2i and 4n + 2i + 1) pairwise.
-  template <typename Op>
-  static __device__ float tree_reduce(const float (&scores)[32], int i, Op op) {
-    float v[8];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) v[n] = op(scores[4 * n + 2 * i], scores[4 * n + 2 * i + 1]);
-#pragma unroll
-    for (int width = 4; width >= 1; width /= 2)
-#pragma unroll
-      for (int k = 0; k < width; ++k) v[k] = op(v[k], v[k + width]);
-    return v[0];
-  }
-
   // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
   // and turns the scores into probabilities against the new row maxima (returned). A row's
   // max moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs
@@ -659,7 +549,7 @@ struct DecodeKernel {
     // on the path from one block's scores to the next P·V.
     float block_max[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) block_max[i] = tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); });
+    for (int i = 0; i < 2; ++i) block_max[i] = sm90::attention::row_tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); });
     float exponent_base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -675,7 +565,7 @@ struct DecodeKernel {
     for (int r = 0; r < 32; ++r)
       scores[r] = sm90::fast_exp2(fmaf(scores[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
 #pragma unroll
-    for (int i = 0; i < 2; ++i) block_sums.exact[i] = tree_reduce(scores, i, [](float a, float b) { return a + b; });
+    for (int i = 0; i < 2; ++i) block_sums.exact[i] = sm90::attention::row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
     if constexpr (!Traits::kFp8) {
       block_sums.weights[0] = block_sums.exact[0];
       block_sums.weights[1] = block_sums.exact[1];
@@ -695,7 +585,7 @@ struct DecodeKernel {
       row_sums.weights[i] = fmaf(row_sums.weights[i], factor[i], block_sums.weights[i]);
       row_max[i] = new_max[i];
     }
-    rescale(acc, factor[0], factor[1]);
+    sm90::attention::scale_rows<true>(acc, factor[0], factor[1]);
   }
 
   // A consumer warpgroup (`me` = 0 or 1): output columns 256·me .. 256·me+255 of every block,
@@ -793,7 +683,7 @@ struct DecodeKernel {
       const int limit[2] = {seq_len - p.q_len + 1 + rows.token[0], seq_len - p.q_len + 1 + rows.token[1]};
       float row_max[2] = {-INFINITY, -INFINITY};
       RowSums row_sums = {{0.f, 0.f}, {0.f, 0.f}};  // summed over the quad at the end
-      zero(acc);
+      sm90::attention::zero(acc);
       sm90::fence_registers(acc);  // the zeroing may not sink below the first score wgmmas
 
       const int num_blocks = max(piece.block_end - piece.block_begin, 0);
@@ -812,8 +702,8 @@ struct DecodeKernel {
             // these paths which group is the newest); the tensor cores run them in order anyway.
             retire_wgmmas();
             softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
-            pack_probabilities(scores, my_probs);
-            if constexpr (Traits::kFp8) sum_probability_weights(my_probs, block_sums);
+            sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
+            if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
             send(new_max, block_sums);
             prepare_values(s, j_block, valid, me);
             advance_softmax(acc, row_max, row_sums, new_max, block_sums);
@@ -834,7 +724,7 @@ struct DecodeKernel {
           // runs on the tensor cores during the softmax of b+1, not before S(b+1).
           retire_wgmmas();
           softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
-          pack_probabilities(scores, my_probs);
+          sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
           prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, my_probs);

@@ -259,11 +259,11 @@ struct PrefillKernel {
       for (int g = 0; g < 2; ++g) {
         const int group = 2 * warp + g;
         if (valid >= kBlockKeys)
-          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, false>(src, vt, group,
-                                                                                                       valid, lane);
+          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, false>(src, 0, vt, 0,
+                                                                                                       group, valid, lane);
         else
-          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, true>(src, vt, group,
-                                                                                                      valid, lane);
+          attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, kSteps, 4, true>(src, 0, vt, 0,
+                                                                                                      group, valid, lane);
       }
       sm90::mbarrier_arrive(&s.v_raw_free[stage]);
     } else if (valid < kBlockKeys) {

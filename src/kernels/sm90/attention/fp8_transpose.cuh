@@ -20,24 +20,27 @@
 
 namespace speedmla::kernels::sm90::attention {
 
-// One warp transposes token group `group` (tokens 16 group .. + 15) for kSteps x 32 dims from
-// `src` (the chunk of dims 0..63 of the range) into `vt` (its dim group 0). kMasked: tokens at
+// One warp transposes token group `group` (tokens 16 group .. + 15) for kSteps x 32 dims,
+// starting at chunk `first_chunk` of `src` and dim group (8 dims) `first_dim_group` of `vt`
+// (offsets rather than moved bases: ptxas keeps the decode consumer's transposes spill-free this
+// way, not with pre-offset bases). kMasked: tokens at
 // or past `valid` become zeros (whatever the source holds there, NaN included). kBatch steps'
 // loads are issued before their stores: a load may not pass an earlier store (to the compiler
 // they might alias), so one load per store would put a shared-memory latency on every step.
 template <int kChunkBytes, int kCoreStride, int kGroupStride, int kSteps, int kBatch, bool kMasked>
-__device__ __forceinline__ void transpose_fp8_values(uint32_t src, uint32_t vt, int group, int valid, int lane) {
+__device__ __forceinline__ void transpose_fp8_values(uint32_t src, int first_chunk, uint32_t vt, int first_dim_group,
+                                                     int group, int valid, int lane) {
   static_assert(kSteps % kBatch == 0);
   const int matrix = lane / 8, row = lane % 8;
   // Load: matrix m is tokens 16 group + 8 (m % 2) + 0..7, 16-byte piece m / 2 of the step's 32
   // dims. Odd steps use pieces 2 and 3 of the chunk (an XOR with 2), even steps 0 and 1.
   const int token = 16 * group + 8 * (matrix % 2) + row;
-  const uint32_t token_row = src + token * 64;
+  const uint32_t token_row = src + first_chunk * kChunkBytes + token * 64;
   const int piece = (matrix / 2) ^ ((token >> 1) & 3);
   const uint32_t load_base[2] = {token_row + (piece << 4), token_row + ((piece ^ 2) << 4)};
   // Store: matrix i holds V^T rows (dims) 16 (i / 2) + 2r + i % 2 of the step, r = row.
   const int dim = 16 * (matrix / 2) + 2 * row + matrix % 2;
-  const uint32_t store_base = vt + (dim / 8) * kGroupStride + group * kCoreStride + (dim % 8) * 16;
+  const uint32_t store_base = vt + (first_dim_group + dim / 8) * kGroupStride + group * kCoreStride + (dim % 8) * 16;
   // Tokens of this lane's output bytes: 2k, 2k+1, 8+2k, 9+2k of the group.
   uint32_t keep = 0xffffffffu;
   if constexpr (kMasked) {

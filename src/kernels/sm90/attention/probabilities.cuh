@@ -53,10 +53,12 @@ __device__ __forceinline__ void fp8_probability_row_sums(const uint32_t (&probs)
   static_assert(kProbRegs % 4 == 0 && kProbRegs <= 16, "each FP16 half sums at most 16 values");
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    uint32_t pair = 0;  // f16x2 zeros
+    auto step_sum = [&](int s) {
+      return add_f16x2(fp8x4_pair_sums(probs[4 * s + i]), fp8x4_pair_sums(probs[4 * s + i + 2]));
+    };
+    uint32_t pair = step_sum(0);
 #pragma unroll
-    for (int s = 0; s < kProbRegs / 4; ++s)
-      pair = add_f16x2(pair, add_f16x2(fp8x4_pair_sums(probs[4 * s + i]), fp8x4_pair_sums(probs[4 * s + i + 2])));
+    for (int s = 1; s < kProbRegs / 4; ++s) pair = add_f16x2(pair, step_sum(s));
     sums[i] = f16x2_total(pair);
   }
 }
