@@ -67,12 +67,12 @@ kernels::QuantizeFp8Params quantize_params(const TensorView& x, const TensorView
 
 namespace detail {
 
-void validate_quantize_input(const ArgChecker& check, const TensorView& x) {
-  check.require(x.ndim >= 0 && x.ndim <= kMaxDims, "x must have at most ", kMaxDims,
+void validate_quantize_input(const ArgChecker& check, const TensorView& x, const char* name) {
+  check.require(x.ndim >= 0 && x.ndim <= kMaxDims, name, " must have at most ", kMaxDims,
                 " dimensions, got ", x.ndim);
-  check.defined(x, "x", x.ndim);
-  check.dtype(x, "x", kActivationDtypes);
-  check.last_dim_contiguous(x, "x");
+  check.defined(x, name, x.ndim);
+  check.dtype(x, name, kActivationDtypes);
+  check.last_dim_contiguous(x, name);
 }
 
 void validate_quantize_output(const ArgChecker& check, const TensorView& x, const TensorView& out,

@@ -8,9 +8,9 @@
 
 namespace speedmla::detail {
 
-// quantize_fp8's checks of x alone: at most kMaxDims dims, defined, BF16, FP16 or FP32, last dim
-// contiguous.
-void validate_quantize_input(const ArgChecker& check, const TensorView& x);
+// quantize_fp8's checks of x alone, naming it `name`: at most kMaxDims dims, defined, BF16, FP16
+// or FP32, last dim contiguous.
+void validate_quantize_input(const ArgChecker& check, const TensorView& x, const char* name = "x");
 
 // quantize_fp8's checks of out against an x that validate_quantize_input accepted, and of
 // scale_inv: x's shape, FP8, last dim contiguous, no element twice, x's device, disjoint from x.

@@ -10,6 +10,7 @@
 #include <map>
 #include <utility>
 
+#include "api/cache_internal.h"
 #include "api/check.h"
 #include "api/decode_internal.h"
 #include "api/quantize_internal.h"
@@ -505,12 +506,12 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   }
 
   // Every check before any work, each tensor once. The engine's query is checked as
-  // quantize_fp8's x when it is quantised (the FP8 copy in the workspace is built to pass
+  // quantize_fp8's x (named q) when it is quantised (the FP8 copy in the workspace is built to pass
   // quantize_fp8's checks of out), and the query mla_decode reads, the engine's or the copy, with
   // everything else mla_decode reads, by mla_decode's own validation, under this function's name.
   TensorView query = q4;
   if (quantize) {
-    detail::validate_quantize_input(c, q4);
+    detail::validate_quantize_input(c, q4, "q");
     query = make_view(workspace.ptr<char>() + decode_bytes, DType::kFloat8E4M3, s.config.device,
                       {bs, q_len, heads, kCacheRowDim});
   }
@@ -523,10 +524,22 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
       detail::validate_decode(c, query, kv_cache, block_table, seq_lens, out4, lse3, decode_workspace,
                               softmax_scale, output_scale);
 
+  // The new KV as kv_cache_write's latent and rope, checked (and named) as by kv_cache_write but
+  // for kv_cache, which validate_decode has checked: kv_cache_write's own checks of it are
+  // check_cache_layout, FP8 or BF16 (here: the configured dtype) and 16-byte alignment, the one
+  // validate_decode makes only on the GPU.
+  const detail::ArgChecker write_check("kv_cache_write");
+  TensorView latent{}, rope{};
+  const float write_scale = fp8 ? 1.0f / k_scale : 1.0f;
+  if (new_kv) {
+    latent = detail::slice_last(new_rows, 0, kLatentDim);
+    rope = detail::slice_last(new_rows, kLatentDim, kRopeDim);
+    if (!query.is_cuda()) write_check.aligned(kv_cache, "kv_cache", 16);
+    detail::validate_kv_cache_write_inputs(write_check, kv_cache, new_kv->slots, latent, rope, write_scale);
+  }
+
   if (new_kv)
-    kv_cache_write(kv_cache, new_kv->slots, detail::slice_last(new_rows, 0, kLatentDim),
-                   detail::slice_last(new_rows, kLatentDim, kRopeDim), fp8 ? 1.0f / k_scale : 1.0f,
-                   stream);
+    detail::run_kv_cache_write_validated(write_check, kv_cache, new_kv->slots, latent, rope, write_scale, stream);
   if (quantize) detail::run_quantize_fp8_validated(c, q4, query, 1.0f, stream);
   detail::run_decode_validated(c, shape, query, kv_cache, block_table, seq_lens, out4, lse3,
                                decode_workspace, softmax_scale, output_scale, stream);
