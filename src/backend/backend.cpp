@@ -1,5 +1,7 @@
 // MlaBackend: configuration checks, per-batch metadata, CUDA-graph state and the forward passes.
 // Validation happens here; the work is done by the public operations and the metadata kernels.
+// forward_decode checks each tensor once and then runs the validated halves of quantize_fp8,
+// mla_decode and kv_cache_write (api/*_internal.h; docs/architecture.md says why).
 #include "speedmla/backend.h"
 
 #include <cuda_runtime_api.h>
