@@ -51,6 +51,12 @@ struct DecodeBatch {
     seq_lens = int_tensor(DType::kInt32, {40, 17, 64});
   }
 
+  // Decode metadata for all 3 requests.
+  void init_decode(MlaBackend& backend) const {
+    backend.init_forward_metadata(3, 0, pool.view(), seq_lens.view(), ForwardMode::kDecode, req_to_page.view(),
+                                  std::nullopt);
+  }
+
   // The block table rows [first, first + count) by hand.
   HostTensor block_table(int64_t first, int64_t count, int64_t width) const {
     HostTensor t(DType::kInt32, {count, width});
@@ -65,8 +71,7 @@ TEST(BackendDecode, Bf16CacheMatchesADirectCall) {
   std::mt19937_64 rng(1);
   DecodeBatch batch(DType::kBFloat16, rng);
   MlaBackend backend(batch.config);
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   const int64_t heads = 4;
   HostTensor q(DType::kBFloat16, {3, heads, 576});
   fill_uniform(q, rng, -1.0, 1.0);
@@ -129,8 +134,7 @@ TEST(BackendDecode, RejectsBadCalls) {
   HostTensor q(DType::kBFloat16, {3, 4, 576}), out(DType::kBFloat16, {3, 4, 512});
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 3, out.view(), 0.1f); },
                "there is no decode metadata");
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 4, out.view(), 0.1f); },
                "bs must be in [1, 3]");
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 2, out.view(), 0.1f); },
@@ -160,8 +164,7 @@ TEST(BackendDecode, ChecksEverythingBeforeWritingTheCache) {
   std::mt19937_64 rng(5);
   DecodeBatch batch(DType::kFloat8E4M3, rng);
   MlaBackend backend(batch.config);
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   HostTensor q(DType::kBFloat16, {3, 4, 576}), out(DType::kBFloat16, {3, 4, 512});
   fill_uniform(q, rng, -1.0, 1.0);
   HostTensor new_kv(DType::kBFloat16, {3, 576});
@@ -189,8 +192,7 @@ TEST(BackendWorkspace, OwnedPerBackendAndStreamGrowingOnly) {
   MlaBackend backend(batch.config);
   EXPECT_EQ(backend.workspace_capacity(), 0u);  // allocated on first use
   const int64_t rows = std::max(batch.config.max_batch, batch.config.max_graph_batch);
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   const int64_t q_len = 9;
   HostTensor q(DType::kBFloat16, {3 * q_len, 4, 576}), out(DType::kBFloat16, {3 * q_len, 4, 512});
   fill_uniform(q, rng, -1.0, 1.0);
