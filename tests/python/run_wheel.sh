@@ -44,9 +44,17 @@ if [ ${#found[@]} -ne 1 ]; then
   exit 2
 fi
 
-"$python" -m venv "${venv_args[@]}" "$work/venv"
 venv_python="$work/venv/bin/python"
-pip=("$venv_python" -m pip install --quiet --disable-pip-version-check "${pip_index[@]}" --find-links "$wheels")
+if "$python" -m venv "${venv_args[@]}" "$work/venv" 2> "$work/venv.log"; then
+  pip=("$venv_python" -m pip)
+else
+  # A Python without ensurepip (Debian's without python3-venv): an environment without a pip of
+  # its own, filled by this Python's pip (pip >= 22.3 has --python).
+  rm -rf "$work/venv"
+  "$python" -m venv --without-pip "${venv_args[@]}" "$work/venv"
+  pip=("$python" -m pip --python "$venv_python")
+fi
+pip+=(install --quiet --disable-pip-version-check "${pip_index[@]}" --find-links "$wheels")
 # The wheel by its file (a package of that name on an index must not win), its requirements
 # (apache-tvm-ffi) resolved by pip from its metadata.
 "${pip[@]}" "${found[0]}"
