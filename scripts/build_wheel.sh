@@ -5,7 +5,7 @@
 # has no internet: carry .whl/ there and run `scripts/gpu-check.sh --wheel`, which installs the
 # wheel offline into a fresh virtual environment and runs the Python tests against it.
 #
-#   scripts/build_wheel.sh [--python-version 3.12 | --no-downloads]
+#   scripts/build_wheel.sh [python version of the GPU machine, default 3.12 | --no-downloads]
 #
 # SPEEDMLA_WHEEL_DIR puts the wheels elsewhere than .whl/.
 # Run scripts/setup.sh first where you can: the wheel then takes the headers from .deps/ and
@@ -15,8 +15,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest="${SPEEDMLA_WHEEL_DIR:-$root/.whl}" python_version=3.12 downloads=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --python-version) python_version="$2"; shift ;;
     --no-downloads) downloads=0 ;;
+    [0-9]*) python_version="$1" ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
