@@ -82,8 +82,9 @@ def assert_same_step(actual, expected, actual_cache, expected_cache):
 
 # ---- CPU -----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_opcheck_every_operator(dtype):
+def test_opcheck_every_operator(dtype, device):
     gen = torch.Generator().manual_seed(11)
     dtype = getattr(torch, dtype)
     p = DecodeProblem(gen, dtype)
@@ -107,18 +108,20 @@ def test_opcheck_every_operator(dtype):
         (ops.merge_attn_states, (out_a, lse_a, out_b, lse_b)),
     ]
     # test_schema compares inputs before and after to find undeclared mutations, with arithmetic
-    # PyTorch lacks for CPU float8 tensors; the schema does not depend on the dtype, so BF16
-    # checks it for every operator and FP8 runs the other checks.
+    # PyTorch lacks for float8 tensors; the schema does not depend on the dtype, so BF16 checks
+    # it for every operator and FP8 runs the other checks.
     checks = {} if dtype == torch.bfloat16 else {"test_utils": (
         "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")}
     for op, args in cases:
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
         torch.library.opcheck(op, args, **checks)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
 def test_compiled_decode_step_on_the_cpu_equals_eager(dtype):
-    # aot_eager: Dynamo and AOTAutograd with the fake implementations, no code generation (the
-    # CPU has no Inductor toolchain in CI terms); fullgraph=True fails on any graph break.
+    # aot_eager: Dynamo and AOTAutograd with the fake implementations, without code generation
+    # (Inductor's C++ build of the CPU step takes about a minute; the CUDA test runs Inductor).
+    # fullgraph=True fails on any graph break.
     torch._dynamo.reset()
     step = torch.compile(decode_step, fullgraph=True, backend="aot_eager")
     p = DecodeProblem(torch.Generator().manual_seed(12), getattr(torch, dtype))
