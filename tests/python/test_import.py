@@ -30,6 +30,15 @@ def test_imports_without_torch_or_gpu_and_runs_on_the_cpu():
     assert result.stdout.strip() == "ok"
 
 
+def test_import_leaves_pytorch_alone():
+    """`import speedmla` never imports PyTorch (slow, and optional); speedmla.torch_ops does."""
+    result = run_python("import sys, speedmla\n"
+                        "assert 'torch' not in sys.modules and 'speedmla.torch_ops' not in sys.modules\n"
+                        "print('ok')\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_public_names():
     for name in ("mla_decode", "mla_prefill", "merge_attn_states", "kv_cache_write", "gather_cache",
                  "quantize_fp8", "pack_prefill_kv", "MlaBackend", "MlaBackendConfig", "ForwardMode",
