@@ -227,3 +227,14 @@ def test_bad_arguments_raise_clear_errors(call, message):
     with pytest.raises(speedmla.Error) as info:
         call()
     assert message in str(info.value), str(info.value)
+
+
+def test_the_flashmla_test_runner_rewrites_only_the_import_line():
+    import run_flashmla_test as runner
+
+    source = "import torch\n\nimport kernelkit as kk\nimport flash_mla\n\nx = flash_mla.get_mla_metadata()\n"
+    rewritten = runner.rewrite(source)
+    assert rewritten == source.replace("import flash_mla\n", "import speedmla.compat.flash_mla as flash_mla\n")
+    for bad in ("import torch\n", "import flash_mla\nimport flash_mla\n"):
+        with pytest.raises(SystemExit, match="exactly one line 'import flash_mla'"):
+            runner.rewrite(bad)
