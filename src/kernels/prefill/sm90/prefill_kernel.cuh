@@ -205,21 +205,27 @@ struct PrefillKernel {
       hi = min(hi, lo + step - 1);
     }
     const int b = lo;
-    const int slot_begin = __ldg(p.cu_seqlens_q + b) / kTileRows + b;
+    const int slot_begin = __ldg(p.cu_seqlens_q + b) / kTileRows + b;  // <= slot (the search's condition)
     int q_begin = __ldg(p.cu_seqlens_q + b), q_end = __ldg(p.cu_seqlens_q + b + 1);
     int k_begin = __ldg(p.cu_seqlens_k + b), k_end = __ldg(p.cu_seqlens_k + b + 1);
+    // Ends clamped before subtracting: an end near INT_MIN must give an empty request, not a
+    // length that wrapped to ~2^31.
     q_begin = min(max(q_begin, 0), p.total_q);
+    q_end = min(max(q_end, q_begin), p.total_q);
     k_begin = min(max(k_begin, 0), p.total_k);
+    k_end = min(max(k_end, k_begin), p.total_k);
     t.head = head;
     t.q_begin = q_begin;
-    t.len_q = max(min(q_end, p.total_q) - q_begin, 0);
-    t.m0 = (slot - slot_begin) * kTileRows;
+    t.len_q = q_end - q_begin;
     t.k_begin = k_begin;
-    t.len_k = max(min(k_end, p.total_k) - k_begin, 0);
-    if (t.m0 >= t.len_q) return false;
+    t.len_k = k_end - k_begin;
+    // In 64 bits: with a garbage cu_seqlens_q the slot can lie ~2^24 tiles past its request's first.
+    const int64_t m0 = (static_cast<int64_t>(slot) - slot_begin) * kTileRows;
+    if (m0 >= t.len_q) return false;
+    t.m0 = static_cast<int>(m0);
     int visible = t.len_k;
     if (p.causal) {
-      const int last_query = min(t.m0 + kTileRows, t.len_q) - 1;
+      const int last_query = t.m0 + min(kTileRows, t.len_q - t.m0) - 1;
       visible = min(visible, max(t.len_k - t.len_q + last_query + 1, 0));  // no int overflow
     }
     t.num_blocks = (visible + kBlockKeys - 1) / kBlockKeys;
