@@ -52,7 +52,7 @@ void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const T
   check.finite(scale_inv, "scale_inv");
 
   if (!kv_cache.is_cuda()) return reference::kv_cache_write(kv_cache, slots, latent, rope, scale_inv);
-  const detail::DeviceGuard guard(kv_cache.device);
+  const detail::DeviceGuard guard(kv_cache.device, check.function());
   kernels::run_kv_cache_write({.cache = cache,
                                .slots = slots.ptr<const int64_t>(),
                                .slot_stride = slots.stride(0),
@@ -85,7 +85,7 @@ void gather_cache(const TensorView& kv_cache, const TensorView& slots, const Ten
   check.finite(scale, "scale");
 
   if (!kv_cache.is_cuda()) return reference::gather_cache(kv_cache, slots, out, scale);
-  const detail::DeviceGuard guard(kv_cache.device);
+  const detail::DeviceGuard guard(kv_cache.device, check.function());
   kernels::run_gather_cache({.cache = cache,
                              .slots = slots.ptr<const int64_t>(),
                              .slot_stride = slots.stride(0),

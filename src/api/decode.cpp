@@ -128,6 +128,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream) {
   const detail::ArgChecker check("mla_decode");
   const DecodeShape shape = validate(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+  // A workspace the CPU does not use is still checked: a device mix-up or a corrupt view is a
+  // bug of the caller (and a negative extent would pass the GPU's size check as a huge size_t).
+  if (workspace) {
+    check.defined(*workspace, "workspace", workspace->ndim);
+    check.same_device(*workspace, "workspace", q.device);
+  }
   if (!q.is_cuda()) {
     reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
     return;
@@ -157,7 +163,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 shape.num_pages);
   detail::require_sm90(check, q.device);
 
-  detail::DeviceGuard guard(q.device);
+  detail::DeviceGuard guard(q.device, check.function());
   const int num_sms = device_sm_count(q.device.index);
   const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, num_sms);
   check.require(workspace.has_value(), "workspace is required for CUDA tensors (",

@@ -48,7 +48,7 @@ void run_on_gpu(const detail::ArgChecker& check, const TensorView& q, const Tens
   check.require(k.size(0) < kMaxRows, "k.shape[0] must be < 2^31 on the GPU, got ", k.size(0));
   check.require(cu_seqlens_q.size(0) <= (int64_t{1} << 30), "cu_seqlens_q must have at most 2^30 entries, got ",
                 cu_seqlens_q.size(0));
-  detail::DeviceGuard guard(q.device);
+  detail::DeviceGuard guard(q.device, check.function());
   detail::require_sm90(check, q.device);
   const kernels::prefill_sm90::PrefillViews views{
       q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse ? &*lse : nullptr, causal, softmax_scale, output_scale,

@@ -47,7 +47,7 @@ void build_block_table(const char* caller, const TensorView& req_to_page,
       .block_table_width = block_table.shape[1],
   };
   if (!block_table.is_cuda()) return kernels::build_block_table_on_host(params);
-  DeviceGuard guard(block_table.device);
+  DeviceGuard guard(block_table.device, caller);
   kernels::run_build_block_table(params, stream);
   check_cuda(cudaGetLastError(), caller, "the block-table kernel launch");
 }
@@ -65,7 +65,7 @@ void build_range_slots(const char* caller, const TensorView& req_to_page,
       .slots = slots.ptr<int64_t>(),
   };
   if (!slots.is_cuda()) return kernels::range_slots_on_host(params);
-  DeviceGuard guard(slots.device);
+  DeviceGuard guard(slots.device, caller);
   kernels::run_range_slots(params, stream);
   check_cuda(cudaGetLastError(), caller, "the slot-list kernel launch");
 }
