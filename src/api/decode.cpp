@@ -10,8 +10,10 @@
 
 #include "api/cache_layout.h"
 #include "api/check.h"
+#include "kernels/check/value_checks.h"
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/workspace.h"
+#include "speedmla/check.h"
 #include "speedmla/reference.h"
 
 namespace speedmla {
@@ -134,7 +136,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     check.defined(*workspace, "workspace", workspace->ndim);
     check.same_device(*workspace, "workspace", q.device);
   }
+  // The check mode's view of the device-side values (speedmla/check.h).
+  const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
+                                          block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
+                                          shape.num_pages, shape.q_len};
   if (!q.is_cuda()) {
+    if (device_checks_enabled()) kernels::check_decode_values_on_host(values);
     reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
     return;
   }
@@ -213,6 +220,10 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   launch.layout = layout;
   launch.softmax_scale = softmax_scale;
   launch.output_scale = output_scale;
+  if (device_checks_enabled()) {
+    kernels::run_check_decode_values(values, stream);
+    detail::check_cuda(cudaGetLastError(), "mla_decode", "the check mode's validation kernel launch");
+  }
   const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream));
   check.require(status.tensor_map == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ",
                 status.tensor_map, ")");
