@@ -397,7 +397,7 @@ void fill_contents(Case& c, std::mt19937_64& rng) {
   }
 }
 
-void apply_fault(Case& c, ValueFault fault, std::mt19937_64& rng) {
+void apply_fault(Case& c, ValueFault fault, std::mt19937_64& rng, Target target) {
   constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min(), kInt32Max = std::numeric_limits<int32_t>::max();
   auto pick_element = [&](const char* name) -> std::pair<HostTensor*, int64_t> {
     for (Arg& a : c.args)
@@ -429,7 +429,10 @@ void apply_fault(Case& c, ValueFault fault, std::mt19937_64& rng) {
       if (c.op != Op::kPrefill) return;
       auto [t, i] = pick_element(chance(rng, 0.5) ? "cu_seqlens_q" : "cu_seqlens_k");
       if (!t) return;
-      const int64_t bad[] = {-1, 1, kInt32Max, kInt32Min, static_cast<int64_t>(get(*t, i)) + 70};
+      // Near INT_MIN the GPU prefill kernel's tile search overflows (docs/device-values.md,
+      // "Known gap"; its own test is PrefillCuSeqlensOverflow): the GPU fuzz keeps clear of it.
+      const int64_t bad[] = {-1, 1, kInt32Max, target == Target::kGpu ? -4096 : kInt32Min,
+                             static_cast<int64_t>(get(*t, i)) + 70};
       set_index(*t, i, pick(rng, bad));
       c.values_out_of_contract = true;
       return;
@@ -645,16 +648,25 @@ void call(const Case& c, const Views& v) {
 std::string names_argument(const Case& c, const std::string& message) {
   const std::string prefix = std::string(op_name(c.op)) + ": ";
   if (message.rfind(prefix, 0) != 0) return "the message does not start with \"" + prefix + "\"";
-  size_t end = prefix.size();
-  while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
-  const std::string first = message.substr(prefix.size(), end - prefix.size());
   // Not an argument's fault: the machine (no usable GPU, another architecture).
-  if (message.compare(prefix.size(), 14, "CUDA error in ") == 0 || first == "cuda") return "";
-  for (const Arg& a : c.args)
-    if (a.name == first) return "";
-  for (const char* scalar : {"softmax_scale", "output_scale", "scale_inv", "scale", "k_scale_inv", "v_scale_inv"})
-    if (first == scalar) return "";
-  return "the message names no argument first (\"" + first + "\")";
+  if (message.compare(prefix.size(), 14, "CUDA error in ") == 0 || message.compare(prefix.size(), 4, "cuda") == 0)
+    return "";
+  // One of the first few words is the argument ("kv_cache.stride(0) ...", "could not describe q
+  // to the TMA unit").
+  size_t pos = prefix.size();
+  for (int word = 0; word < 5 && pos < message.size(); ++word) {
+    size_t end = pos;
+    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    const std::string id = message.substr(pos, end - pos);
+    for (const Arg& a : c.args)
+      if (a.name == id) return "";
+    for (const char* scalar : {"softmax_scale", "output_scale", "scale_inv", "scale", "k_scale_inv", "v_scale_inv"})
+      if (id == scalar) return "";
+    pos = message.find(' ', end);
+    if (pos == std::string::npos) break;
+    ++pos;
+  }
+  return "the message names no argument in its first words";
 }
 
 // Contiguous host copies of the outputs the call wrote (in argument order).
@@ -758,10 +770,10 @@ Case make_case(Op op, std::mt19937_64& rng, Target target) {
   for (const Arg& a : c.args) all_moved = all_moved && (!a.present || a.on_other_device);
   if (all_moved) c.args[0].on_other_device = false;
   fill_contents(c, rng);
-  for (ValueFault f : plan.faults) apply_fault(c, f, rng);
+  for (ValueFault f : plan.faults) apply_fault(c, f, rng, target);
   // A decode workspace as the GPU needs it, for the shapes as mutated (when they make sense).
-  if (op == Op::kDecode && target == Target::kGpu && c.args[6].present && c.args[6].shape.size() == 1 &&
-      c.args[6].shape[0] == 0 && has_gpu()) {
+  if (op == Op::kDecode && target == Target::kGpu && c.args[6].present && c.args[6].dtype == DType::kUInt8 &&
+      c.args[6].shape.size() == 1 && c.args[6].shape[0] == 0 && has_gpu()) {
     const Arg& q = c.args[0];
     if (q.shape.size() == 4 && q.shape[0] >= 1 && q.shape[1] >= 1 && q.shape[1] <= kMaxDecodeQLen &&
         q.shape[2] >= 1 && q.shape[2] <= kMaxDecodeHeads) {
@@ -856,6 +868,15 @@ Result run_case(const Case& c, Target target) {
     return r;
   }
   if (c.values_out_of_contract && target == Target::kGpu) return r;
+  // Two rows naming one slot: the GPU may keep either (cache.h), the CPU keeps the later one.
+  if (c.op == Op::kCacheWrite && target == Target::kGpu) {
+    const HostTensor& slots = logical[find_arg(c, "slots")];
+    std::vector<int64_t> valid;
+    for (int64_t i = 0; i < slots.numel(); ++i)
+      if (slots.data<int64_t>()[i] >= 0) valid.push_back(slots.data<int64_t>()[i]);
+    std::sort(valid.begin(), valid.end());
+    if (std::adjacent_find(valid.begin(), valid.end()) != valid.end()) return r;
+  }
   for (size_t i = 0; i < c.args.size(); ++i) {
     const Arg& a = c.args[i];
     if (!written_by_call[i] || a.name == "workspace") continue;
