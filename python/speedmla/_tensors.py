@@ -9,8 +9,10 @@ takes those integer types otherwise), and outputs of those types come back as su
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ._native import Error, lib
 
@@ -42,6 +44,15 @@ def dtype_name(x: Any) -> str:
 
 def shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape)
+
+
+def dims(x: Any, ndim: int, function: str, name: str) -> tuple[int, ...]:
+    """The shape of `x`, which must have `ndim` dimensions (the operations read sizes from it
+    to allocate outputs before the compiled module checks anything)."""
+    s = tuple(x.shape)
+    if len(s) != ndim:
+        raise Error(f"{function}: {name} must have {ndim} dimensions, got shape {list(s)}")
+    return s
 
 
 def is_cuda(x: Any) -> bool:
@@ -124,3 +135,49 @@ def like(t: Any, reference: Any) -> Any:
     if name in _NUMPY_BITS:
         t = lib().view_as_dtype(t, _NUMPY_BITS[name])
     return np.from_dlpack(t)
+
+
+def _is_array(x: Any) -> bool:
+    return is_torch(x) or is_numpy(x) or hasattr(x, "__dlpack__")
+
+
+# Parameters of the operations that are numbers or flags rather than tensors.
+_FLAGS = ("causal", "return_lse", "dtype")
+
+
+def clear_argument_errors(function: Callable) -> Callable:
+    """Makes an operation raise :class:`Error` naming the argument when a tensor argument is not
+    an array (a list, None, a number) or a scale is not a number: such arguments otherwise fail
+    deep inside the call with an AttributeError or TypeError that names nothing of the call. The
+    check runs only after a call has failed, so a good call costs one function frame."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Error:
+            raise
+        except (TypeError, AttributeError, ValueError) as failure:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                raise failure from None  # a call Python itself refuses: its message says why
+            for name, value in bound.arguments.items():
+                if name in _FLAGS:
+                    continue
+                if "scale" in name:
+                    try:
+                        float(value)
+                    except (TypeError, ValueError):
+                        raise Error(f"{function.__name__}: {name} must be a number, got "
+                                    f"{type(value).__name__}") from failure
+                    continue
+                required = signature.parameters[name].default is inspect.Parameter.empty
+                if (value is not None and not _is_array(value)) or (value is None and required):
+                    raise Error(f"{function.__name__}: {name} must be a torch.Tensor, a numpy.ndarray "
+                                f"or a DLPack tensor, got {type(value).__name__}") from failure
+            raise
+
+    return checked
+

@@ -24,6 +24,7 @@ PREFILL_QK_DIM = 192  # qk_nope_head_dim (128) + qk_rope_head_dim (64)
 PREFILL_V_DIM = 128  # v_head_dim
 
 
+@tz.clear_argument_errors
 def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
                output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False,
                workspace=None):
@@ -47,7 +48,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
     Returns:
         out, or (out, lse) when return_lse.
     """
-    dims = tz.shape(q)
+    dims = tz.dims(q, 4, "mla_decode", "q")
     if out is None:
         out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
     else:
@@ -64,6 +65,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
     return (out, lse) if return_lse else out
 
 
+@tz.clear_argument_errors
 def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_scale: float,
                 output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False):
     """Ragged multi-head attention for MLA prefill (the un-absorbed form).
@@ -83,7 +85,7 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_sc
     Returns:
         out, or (out, lse) when return_lse.
     """
-    total_q, heads, _ = tz.shape(q)
+    total_q, heads, _ = tz.dims(q, 3, "mla_prefill", "q")
     if out is None:
         out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
     else:
@@ -95,6 +97,7 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_sc
     return (out, lse) if return_lse else out
 
 
+@tz.clear_argument_errors
 def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None):
     """Merges two partial attention results over disjoint key sets by their LSE.
 
@@ -120,6 +123,7 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None):
     return out, lse
 
 
+@tz.clear_argument_errors
 def kv_cache_write(kv_cache, slots, latent, rope, *, scale_inv: float = 1.0) -> None:
     """Writes new tokens' rows into the cache, in place.
 
@@ -135,6 +139,7 @@ def kv_cache_write(kv_cache, slots, latent, rope, *, scale_inv: float = 1.0) -> 
     lib().kv_cache_write(tz.arg(kv_cache), slots, tz.arg(latent), tz.arg(rope), float(scale_inv))
 
 
+@tz.clear_argument_errors
 def gather_cache(kv_cache, slots, *, scale: float = 1.0, out=None):
     """Gathers cache rows dequantised to BF16: out[i] = bf16(kv_cache[slots[i]] × scale).
 
@@ -148,13 +153,14 @@ def gather_cache(kv_cache, slots, *, scale: float = 1.0, out=None):
         out
     """
     if out is None:
-        out, out_arg = tz.empty(kv_cache, (tz.shape(slots)[0], CACHE_ROW_DIM), "bfloat16")
+        out, out_arg = tz.empty(kv_cache, (tz.dims(slots, 1, "gather_cache", "slots")[0], CACHE_ROW_DIM), "bfloat16")
     else:
         out_arg = tz.arg(out)
     lib().gather_cache(tz.arg(kv_cache), slots, out_arg, float(scale))
     return out
 
 
+@tz.clear_argument_errors
 def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
     """out = fp8_e4m3(x × scale_inv), round to nearest even, saturating to ±448.
 
@@ -173,6 +179,7 @@ def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
     return out
 
 
+@tz.clear_argument_errors
 def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_inv: float = 1.0,
                     v_scale_inv: float = 1.0, k_out=None, v_out=None):
     """Packs prefill keys and values: k = k_nope ‖ broadcast_heads(k_rope), v copied, converted.
@@ -188,7 +195,7 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
     Returns:
         (k_out, v_out)
     """
-    tokens, heads, _ = tz.shape(k_nope)
+    tokens, heads, _ = tz.dims(k_nope, 3, "pack_prefill_kv", "k_nope")
     if k_out is None:
         k_out, k_arg = tz.empty(k_nope, (tokens, heads, PREFILL_QK_DIM), dtype)
     else:
