@@ -364,7 +364,8 @@ void fill_contents(Case& c, std::mt19937_64& rng) {
       const int64_t num_pages = dim_or(c, "kv_cache", 0, 1), page_size = dim_or(c, "kv_cache", 1, 1);
       const int64_t max_pages = dim_or(c, "block_table", 1, 0);
       HostTensor& table = values("block_table");
-      for (int64_t i = 0; i < table.numel(); ++i) set_index(table, i, uniform(rng, 0, std::max<int64_t>(num_pages - 1, 0)));
+      for (int64_t i = 0; i < table.numel(); ++i)
+        set_index(table, i, uniform(rng, 0, std::max<int64_t>(num_pages - 1, 0)));
       HostTensor& lens = values("seq_lens");
       for (int64_t i = 0; i < lens.numel(); ++i) set_index(lens, i, uniform(rng, 0, max_pages * page_size));
       break;
@@ -450,12 +451,14 @@ void apply_fault(Case& c, ValueFault fault, std::mt19937_64& rng, Target target)
     case ValueFault::kNonFinite: {
       std::vector<Arg*> inputs;
       for (Arg& a : c.args)
-        if (a.role != Role::kOutput && a.alias_of < 0 && is_float(a.dtype) && a.values.numel() > 0) inputs.push_back(&a);
+        if (a.role != Role::kOutput && a.alias_of < 0 && is_float(a.dtype) && a.values.numel() > 0)
+          inputs.push_back(&a);
       if (inputs.empty()) return;
       Arg& a = *inputs[uniform(rng, 0, inputs.size() - 1)];
       constexpr double kSpecial[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
                                      -std::numeric_limits<double>::infinity()};
-      for (int64_t n = uniform(rng, 1, 3); n > 0; --n) set(a.values, uniform(rng, 0, a.values.numel() - 1), pick(rng, kSpecial));
+      for (int64_t n = uniform(rng, 1, 3); n > 0; --n)
+        set(a.values, uniform(rng, 0, a.values.numel() - 1), pick(rng, kSpecial));
       // The contract gives NaN/inf inside attention no meaning beyond "not out of bounds".
       if (c.op == Op::kDecode || c.op == Op::kPrefill) c.values_out_of_contract = true;
       return;
@@ -656,7 +659,9 @@ std::string names_argument(const Case& c, const std::string& message) {
   size_t pos = prefix.size();
   for (int word = 0; word < 5 && pos < message.size(); ++word) {
     size_t end = pos;
-    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    while (end < message.size() &&
+           (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
+      ++end;
     const std::string id = message.substr(pos, end - pos);
     for (const Arg& a : c.args)
       if (a.name == id) return "";
@@ -778,7 +783,8 @@ Case make_case(Op op, std::mt19937_64& rng, Target target) {
     if (q.shape.size() == 4 && q.shape[0] >= 1 && q.shape[1] >= 1 && q.shape[1] <= kMaxDecodeQLen &&
         q.shape[2] >= 1 && q.shape[2] <= kMaxDecodeHeads) {
       Arg& ws = c.args[6];
-      ws.shape = {static_cast<int64_t>(mla_decode_workspace_size(q.shape[0], q.shape[2], q.shape[1], device_sm_count(0)))};
+      ws.shape = {static_cast<int64_t>(
+          mla_decode_workspace_size(q.shape[0], q.shape[2], q.shape[1], device_sm_count(0)))};
       ws.strides = {1};
       ws.misalign_bytes = ws.misalign_bytes ? 16 * ws.misalign_bytes : 0;  // 256-byte alignment is the rule
       ws.values = HostTensor(DType::kUInt8, ws.shape);
@@ -835,7 +841,8 @@ Result run_case(const Case& c, Target target) {
     std::vector<uint8_t> expected_bytes = s.before;
     bool written = a.present && a.role != Role::kInput;
     for (size_t j = 0; j < c.args.size(); ++j)  // an output aliasing this input writes it
-      if (c.args[j].alias_of == static_cast<int>(i) && c.args[j].present && c.args[j].role != Role::kInput) written = true;
+      if (c.args[j].alias_of == static_cast<int>(i) && c.args[j].present && c.args[j].role != Role::kInput)
+        written = true;
     if (written) {
       written_by_call[i] = true;
       actual[i] = gather_elements(a, now, base + s.data_offset);
