@@ -21,10 +21,28 @@ namespace {
 
 constexpr int kRuns = 5;
 
-// The bytes of `t`, for exact comparison (NaN payloads included).
-std::string bytes_of(const HostTensor& t) {
-  return std::string(static_cast<const char*>(t.view().data), t.nbytes());
-}
+// Remembers the bytes of the first run's outputs and expects every later run's to equal them
+// (exactly, NaN payloads included).
+class SameBitsEveryRun {
+ public:
+  void check(const HostTensor& out, const HostTensor& lse, const std::string& what) {
+    const std::string o = bytes_of(out), l = bytes_of(lse);
+    if (runs_++ == 0) {
+      out_ = o;
+      lse_ = l;
+      return;
+    }
+    EXPECT_TRUE(o == out_) << what << ": out of run " << runs_ - 1 << " differs from run 0";
+    EXPECT_TRUE(l == lse_) << what << ": lse of run " << runs_ - 1 << " differs from run 0";
+  }
+
+ private:
+  static std::string bytes_of(const HostTensor& t) {
+    return std::string(static_cast<const char*>(t.view().data), t.nbytes());
+  }
+  int runs_ = 0;
+  std::string out_, lse_;
+};
 
 class DeterminismGpu : public testing::TestWithParam<DType> {
  protected:
@@ -46,7 +64,7 @@ TEST_P(DeterminismGpu, DecodeWithSplitKv) {
     s.seq_lens = {9000, 3001, 17};
     const DecodeProblem pb = make_decode_problem(s);
     DeviceProblem dev(pb);
-    std::string out0, lse0;
+    SameBitsEveryRun runs;
     for (int run = 0; run < kRuns; ++run) {
       dev.out.fill_bytes(0xFF);
       dev.lse.fill_bytes(0xFF);
@@ -54,13 +72,7 @@ TEST_P(DeterminismGpu, DecodeWithSplitKv) {
       dev.run(s);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const DecodeResult r = dev.download();
-      if (run == 0) {
-        out0 = bytes_of(r.out);
-        lse0 = bytes_of(r.lse);
-        continue;
-      }
-      EXPECT_TRUE(bytes_of(r.out) == out0) << s.name() << ": out of run " << run << " differs from run 0";
-      EXPECT_TRUE(bytes_of(r.lse) == lse0) << s.name() << ": lse of run " << run << " differs from run 0";
+      runs.check(r.out, r.lse, s.name());
     }
   }
 }
@@ -72,17 +84,11 @@ TEST_P(DeterminismGpu, Prefill) {
     spec.requests = {{700, 700}, {1, 300}, {129, 1000}, {0, 3}, {64, 64}};
     const PrefillProblem pb = make_prefill_problem(spec);
     DevicePrefill dev(pb);
-    std::string out0, lse0;
+    SameBitsEveryRun runs;
     for (int run = 0; run < kRuns; ++run) {
       dev.run(spec);  // poisons out and lse first
       const PrefillResult r = dev.download();
-      if (run == 0) {
-        out0 = bytes_of(r.out);
-        lse0 = bytes_of(r.lse);
-        continue;
-      }
-      EXPECT_TRUE(bytes_of(r.out) == out0) << spec.label() << ": out of run " << run << " differs from run 0";
-      EXPECT_TRUE(bytes_of(r.lse) == lse0) << spec.label() << ": lse of run " << run << " differs from run 0";
+      runs.check(r.out, r.lse, spec.label());
     }
   }
 }
@@ -99,21 +105,14 @@ TEST(DeterminismGpuMerge, BothOutputDtypes) {
     for (Mirror* m : {&lse_a, &lse_b}) fill_uniform(m->host, rng, -30.0, 30.0);
     for (Mirror* m : {&out_a, &out_b, &lse_a, &lse_b}) m->upload();
     Mirror out(out_dtype, {tokens, heads, dim}), lse(DType::kFloat32, {tokens, heads});
-    std::string out0, lse0;
+    SameBitsEveryRun runs;
     for (int run = 0; run < kRuns; ++run) {
       out.poison();
       lse.poison();
       merge_attn_states(out_a.device_view(), lse_a.device_view(), out_b.device_view(), lse_b.device_view(),
                         out.device_view(), lse.device_view());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::string o = bytes_of(out.download()), l = bytes_of(lse.download());
-      if (run == 0) {
-        out0 = o;
-        lse0 = l;
-        continue;
-      }
-      EXPECT_TRUE(o == out0) << "out of run " << run << " differs from run 0";
-      EXPECT_TRUE(l == lse0) << "lse of run " << run << " differs from run 0";
+      runs.check(out.download(), lse.download(), std::string("merge into ") + dtype_name(out_dtype));
     }
   }
 }

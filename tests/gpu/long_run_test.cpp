@@ -97,6 +97,18 @@ HostTensor real_rows(const HostTensor& out, int64_t real, int64_t q_len) {
   return t;
 }
 
+// The engine's cache (random rows) and page table (every entry a page of the cache but the null
+// page), on the host.
+struct EngineMemory {
+  HostTensor cache, req_to_page;
+  EngineMemory(DType dtype, int64_t width, std::mt19937_64& rng)
+      : cache(dtype, {kCachePages, kPageSize, kCacheRowDim}), req_to_page(DType::kInt32, {kPool, width}) {
+    fill_uniform(cache, rng, -1.0, 1.0);
+    for (int64_t i = 0; i < req_to_page.numel(); ++i)
+      req_to_page.data<int32_t>()[i] = std::uniform_int_distribution<int32_t>(1, kCachePages - 1)(rng);
+  }
+};
+
 // The same step on the CPU backend (the reference), real rows only.
 HostTensor cpu_step(DType dtype, const Step& s, const HostTensor& req_to_page, const HostTensor& cache,
                     const HostTensor& q, int64_t q_len, float scaling) {
@@ -130,12 +142,9 @@ TEST_P(LongRunGpu, TenThousandGraphReplaysWithChangingMetadata) {
   constexpr int64_t kBs = 8, kSteps = 10000, kQVariants = 4;
   constexpr float kScaling = 0.0417f;
   MlaBackend backend(long_run_config(dtype, current_gpu()));
-  const int64_t width = backend.block_table_width();
-
-  HostTensor cache(dtype, {kCachePages, kPageSize, kCacheRowDim}), req_to_page(DType::kInt32, {kPool, width});
-  fill_uniform(cache, rng, -1.0, 1.0);
-  for (int64_t i = 0; i < req_to_page.numel(); ++i)
-    req_to_page.data<int32_t>()[i] = std::uniform_int_distribution<int32_t>(1, kCachePages - 1)(rng);
+  EngineMemory memory(dtype, backend.block_table_width(), rng);
+  const HostTensor& cache = memory.cache;
+  HostTensor& req_to_page = memory.req_to_page;
   std::vector<HostTensor> queries;
   for (int64_t v = 0; v < kQVariants; ++v) {
     queries.emplace_back(DType::kBFloat16, std::vector<int64_t>{kBs, kHeads, kCacheRowDim});
@@ -210,11 +219,9 @@ TEST_P(LongRunGpu, GraphWorkspaceGrowsWhileGraphsExist) {
   constexpr int64_t kBs = 4, kLongQ = 8;  // 8x the partial results of q_len 1: must grow
   constexpr float kScaling = 0.0417f;
   MlaBackend backend(long_run_config(dtype, current_gpu()));
-  const int64_t width = backend.block_table_width();
-  HostTensor cache(dtype, {kCachePages, kPageSize, kCacheRowDim}), req_to_page(DType::kInt32, {kPool, width});
-  fill_uniform(cache, rng, -1.0, 1.0);
-  for (int64_t i = 0; i < req_to_page.numel(); ++i)
-    req_to_page.data<int32_t>()[i] = std::uniform_int_distribution<int32_t>(1, kCachePages - 1)(rng);
+  EngineMemory memory(dtype, backend.block_table_width(), rng);
+  const HostTensor& cache = memory.cache;
+  HostTensor& req_to_page = memory.req_to_page;
   const DeviceTensor d_cache(cache);
   DeviceTensor d_table(req_to_page), d_pool(DType::kInt64, {kBs}), d_lens(DType::kInt32, {kBs});
   DeviceTensor d_q1(DType::kBFloat16, {kBs, kHeads, kCacheRowDim}), d_out1(DType::kBFloat16, {kBs, kHeads, kLatentDim});
