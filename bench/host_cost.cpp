@@ -12,6 +12,7 @@
 //     stay below the launch queue's depth, so none waits for the GPU), synchronised after.
 //     The same for MlaBackend::forward_decode (BF16 queries: with an FP8 cache it quantises them
 //     first, a fourth launch), whose metadata was built once before.
+// (c) the floor: three dependent launches of an empty kernel, as the decode call launches.
 // Each figure is the best of --rounds rounds, per call.
 #include <cuda_runtime_api.h>
 
@@ -23,6 +24,7 @@
 #include <functional>
 #include <vector>
 
+#include "launch_floor.h"
 #include "speedmla/backend.h"
 #include "speedmla/speedmla.h"
 
@@ -170,5 +172,15 @@ int main(int argc, char** argv) {
     cuda(cudaStreamDestroy(stream), "stream");
     cuda(cudaFree(memory), "cudaFree");
   }
+  cudaStream_t stream;
+  cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cuda(launch_three_empty_kernels(stream), "empty launches");
+  cuda(cudaStreamSynchronize(stream), "warm-up");
+  const double floor_per_call = time_per_call(
+      calls, rounds, [&] { cuda(launch_three_empty_kernels(stream), "empty launches"); },
+      [&] { cuda(cudaStreamSynchronize(stream), "sync"); });
+  std::printf("(c) floor: three dependent launches of an empty kernel  : %7.3f us (one sync per %d calls)\n",
+              floor_per_call, calls);
+  cuda(cudaStreamDestroy(stream), "stream");
   return 0;
 }

@@ -1,9 +1,11 @@
 // kv_cache_write and gather_cache: validation, then the CPU reference or the GPU kernels.
+// kv_cache_write's halves are also the library's own entry points (api/cache_internal.h).
 #include "speedmla/cache.h"
 
 #include <cuda_runtime_api.h>
 
 #include "api/cache_layout.h"
+#include "api/cache_internal.h"
 #include "api/check.h"
 #include "kernels/cache/gather_cache.h"
 #include "kernels/cache/kv_cache_write.h"
@@ -17,11 +19,16 @@ namespace {
 
 // Checks kv_cache [num_pages, page_size, 576] (the shared layout; FP8 or BF16; 16-byte
 // aligned) and describes it for the kernels.
+// The kernels' description of a kv_cache that check_cache accepted.
+kernels::PagedCache paged_cache(const TensorView& kv_cache) {
+  return {kv_cache.data, kv_cache.dtype, kv_cache.stride(0), kv_cache.size(1), kv_cache.size(0) * kv_cache.size(1)};
+}
+
 kernels::PagedCache check_cache(const detail::ArgChecker& check, const TensorView& kv_cache) {
-  const auto [num_pages, page_size] = detail::check_cache_layout(check, kv_cache);
+  detail::check_cache_layout(check, kv_cache);
   check.dtype(kv_cache, "kv_cache", {DType::kFloat8E4M3, DType::kBFloat16});
   check.aligned(kv_cache, "kv_cache", 16);
-  return {kv_cache.data, kv_cache.dtype, kv_cache.stride(0), page_size, num_pages * page_size};
+  return paged_cache(kv_cache);
 }
 
 void check_slots(const detail::ArgChecker& check, const TensorView& slots,
@@ -44,10 +51,10 @@ void check_slot_values(const char* function, const TensorView& slots, const kern
 
 }  // namespace
 
-void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const TensorView& latent,
-                    const TensorView& rope, float scale_inv, Stream stream) {
-  const detail::ArgChecker check("kv_cache_write");
-  const kernels::PagedCache cache = check_cache(check, kv_cache);
+namespace detail {
+
+void validate_kv_cache_write_inputs(const ArgChecker& check, const TensorView& kv_cache, const TensorView& slots,
+                                    const TensorView& latent, const TensorView& rope, float scale_inv) {
   check_slots(check, slots, kv_cache);
   const int64_t tokens = slots.size(0);
   auto check_input = [&](const TensorView& t, const char* name, int64_t width) {
@@ -63,11 +70,15 @@ void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const T
   check_input(rope, "rope", kRopeDim);
   check.disjoint(kv_cache, "kv_cache", slots, "slots");
   check.finite(scale_inv, "scale_inv");
+}
 
-  const detail::DeviceGuard guard(kv_cache.device, check.function());
-  check_slot_values(check.function(), slots, cache, stream);
+void run_kv_cache_write_validated(const ArgChecker& check, const TensorView& kv_cache, const TensorView& slots,
+                                  const TensorView& latent, const TensorView& rope, float scale_inv,
+                                  Stream stream) {
+  const DeviceGuard guard(kv_cache.device, check.function());
+  check_slot_values(check.function(), slots, paged_cache(kv_cache), stream);
   if (!kv_cache.is_cuda()) return reference::kv_cache_write(kv_cache, slots, latent, rope, scale_inv);
-  kernels::run_kv_cache_write({.cache = cache,
+  kernels::run_kv_cache_write({.cache = paged_cache(kv_cache),
                                .slots = slots.ptr<const int64_t>(),
                                .slot_stride = slots.stride(0),
                                .latent = latent.data,
@@ -76,10 +87,20 @@ void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const T
                                .rope = rope.data,
                                .rope_dtype = rope.dtype,
                                .rope_stride = rope.stride(0),
-                               .num_tokens = tokens,
+                               .num_tokens = slots.size(0),
                                .scale_inv = scale_inv},
                               stream);
-  detail::check_cuda(cudaGetLastError(), "kv_cache_write", "kernel launch");
+  check_cuda(cudaGetLastError(), check.function(), "kernel launch");
+}
+
+}  // namespace detail
+
+void kv_cache_write(const TensorView& kv_cache, const TensorView& slots, const TensorView& latent,
+                    const TensorView& rope, float scale_inv, Stream stream) {
+  const detail::ArgChecker check("kv_cache_write");
+  check_cache(check, kv_cache);
+  detail::validate_kv_cache_write_inputs(check, kv_cache, slots, latent, rope, scale_inv);
+  detail::run_kv_cache_write_validated(check, kv_cache, slots, latent, rope, scale_inv, stream);
 }
 
 void gather_cache(const TensorView& kv_cache, const TensorView& slots, const TensorView& out,

@@ -1,4 +1,6 @@
-// mla_decode: validation at the boundary, then the CPU reference or the SM90 kernels.
+// mla_decode: validation at the boundary, then the CPU reference or the SM90 kernels. The two
+// halves (validate_decode, run_decode_validated: api/decode_internal.h) are also the library's own
+// entry points for callers that validate once (MlaBackend::forward_decode).
 #include "speedmla/decode.h"
 
 #include <cuda_runtime_api.h>
@@ -10,6 +12,7 @@
 
 #include "api/cache_layout.h"
 #include "api/check.h"
+#include "api/decode_internal.h"
 #include "kernels/check/value_checks.h"
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/workspace.h"
@@ -24,18 +27,17 @@ constexpr int kMaxQLen = kMaxDecodeQLen;  // q_len * H rows per request stay far
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-struct DecodeShape {
-  int64_t batch, q_len, heads, num_pages, page_size, max_pages;
-};
+using detail::DecodeShape;
 
-DecodeShape validate(const detail::ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
-                     const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
-                     const std::optional<TensorView>& lse, float softmax_scale, float output_scale) {
+// The contract's checks (decode.h), on any device.
+DecodeShape validate_contract(const detail::ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
+                              const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
+                              const std::optional<TensorView>& lse, float softmax_scale, float output_scale) {
   check.defined(q, "q", 4);
   check.dtype(q, "q", {DType::kFloat8E4M3, DType::kBFloat16});
   check.dim(q, "q", 3, kCacheRowDim);
   check.last_dim_contiguous(q, "q");
-  DecodeShape shape{q.shape[0], q.shape[1], q.shape[2], 0, 0, 0};
+  DecodeShape shape{q.shape[0], q.shape[1], q.shape[2], 0, 0, 0, 0};
   check.require(shape.heads >= 1 && shape.heads <= kMaxDecodeHeads, "q.shape[2] (heads) must be in [1, ",
                 kMaxDecodeHeads, "], got ", shape.heads);
   check.require(shape.q_len >= 1 && shape.q_len <= kMaxQLen, "q.shape[1] (q_len) must be in [1, ", kMaxQLen,
@@ -125,27 +127,21 @@ int device_sm_count(int device) {
   return count;
 }
 
-void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out, const std::optional<TensorView>& lse,
-                const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream) {
-  const detail::ArgChecker check("mla_decode");
-  const DecodeShape shape = validate(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+namespace detail {
+
+DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
+                            const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
+                            const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
+                            float softmax_scale, float output_scale) {
+  DecodeShape shape = validate_contract(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale,
+                                        output_scale);
   // A workspace the CPU does not use is still checked: a device mix-up or a corrupt view is a
   // bug of the caller (and a negative extent would pass the GPU's size check as a huge size_t).
   if (workspace) {
     check.defined(*workspace, "workspace", workspace->ndim);
     check.same_device(*workspace, "workspace", q.device);
   }
-  // The check mode's view of the device-side values (speedmla/check.h).
-  const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
-                                          block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
-                                          shape.num_pages, shape.q_len};
-  if (!q.is_cuda()) {
-    if (device_checks_enabled()) kernels::check_decode_values_on_host(values);
-    reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
-    return;
-  }
-  if (shape.batch == 0) return;
+  if (!q.is_cuda() || shape.batch == 0) return shape;  // the CPU reference, or nothing to launch
 
   // What the SM90 kernel needs beyond the contract's checks: the arguments first (no CUDA call),
   // then the device.
@@ -168,11 +164,10 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 blocks_per_request, ") must be < 2^30 on the GPU, got batch ", shape.batch);
   check.require(shape.num_pages < (int64_t{1} << 31), "kv_cache.shape[0] (num_pages) must be < 2^31, got ",
                 shape.num_pages);
-  detail::require_sm90(check, q.device);
+  require_sm90(check, q.device);
 
-  detail::DeviceGuard guard(q.device, check.function());
-  const int num_sms = device_sm_count(q.device.index);
-  const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, num_sms);
+  shape.num_sms = device_sm_count(q.device.index);
+  const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms);
   check.require(workspace.has_value(), "workspace is required for CUDA tensors (",
                 layout.total_bytes, " bytes: mla_decode_workspace_size)");
   const TensorView& ws = *workspace;
@@ -182,13 +177,34 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
   check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
                 " bytes (mla_decode_workspace_size(", shape.batch, ", ", shape.heads, ", ", shape.q_len, ", ",
-                num_sms, ")), got ", ws_bytes);
+                shape.num_sms, ")), got ", ws_bytes);
   for (const auto& [other, name] :
        {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"}, std::pair{&block_table, "block_table"},
         std::pair{&seq_lens, "seq_lens"}, std::pair{&out, "out"}})
     check.disjoint(ws, "workspace", *other, name);
   if (lse) check.disjoint(ws, "workspace", *lse, "lse");
 
+  return shape;
+}
+
+void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, const TensorView& q,
+                          const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
+                          const TensorView& out, const std::optional<TensorView>& lse,
+                          const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
+                          Stream stream) {
+  // The check mode's view of the device-side values (speedmla/check.h).
+  const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
+                                          block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
+                                          shape.num_pages, shape.q_len};
+  if (!q.is_cuda()) {
+    if (device_checks_enabled()) kernels::check_decode_values_on_host(values);
+    reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+    return;
+  }
+  if (shape.batch == 0) return;
+
+  DeviceGuard guard(q.device, check.function());
+  const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms);
   dk::DecodeLaunch launch{};
   launch.fp8 = q.dtype == DType::kFloat8E4M3;
   launch.batch = static_cast<int>(shape.batch);
@@ -216,18 +232,30 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     launch.lse_stride_token = lse->strides[1];
     launch.lse_stride_head = lse->strides[2];
   }
-  launch.workspace = ws.data;
+  launch.workspace = workspace->data;
   launch.layout = layout;
   launch.softmax_scale = softmax_scale;
   launch.output_scale = output_scale;
   if (device_checks_enabled()) {
     kernels::run_check_decode_values(values, stream);
-    detail::check_cuda(cudaGetLastError(), "mla_decode", "the check mode's validation kernel launch");
+    check_cuda(cudaGetLastError(), check.function(), "the check mode's validation kernel launch");
   }
   const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream));
   check.require(status.tensor_map == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ",
                 status.tensor_map, ")");
-  detail::check_cuda(status.cuda, "mla_decode", "the shared-memory opt-in or a kernel launch");
+  check_cuda(status.cuda, check.function(), "the shared-memory opt-in or a kernel launch");
+}
+
+}  // namespace detail
+
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out, const std::optional<TensorView>& lse,
+                const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream) {
+  const detail::ArgChecker check("mla_decode");
+  const detail::DecodeShape shape = detail::validate_decode(check, q, kv_cache, block_table, seq_lens, out, lse,
+                                                            workspace, softmax_scale, output_scale);
+  detail::run_decode_validated(check, shape, q, kv_cache, block_table, seq_lens, out, lse, workspace, softmax_scale,
+                               output_scale, stream);
 }
 
 }  // namespace speedmla

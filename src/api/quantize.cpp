@@ -1,4 +1,5 @@
 // quantize_fp8 and pack_prefill_kv: validation, then the CPU reference or the GPU kernels.
+// quantize_fp8's halves are also the library's own entry points (api/quantize_internal.h).
 #include "speedmla/quantize.h"
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "api/check.h"
+#include "api/quantize_internal.h"
 #include "kernels/quantize/pack_prefill_kv.h"
 #include "kernels/quantize/quantize_fp8.h"
 #include "speedmla/decode.h"
@@ -63,13 +65,18 @@ kernels::QuantizeFp8Params quantize_params(const TensorView& x, const TensorView
 
 }  // namespace
 
-void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv, Stream stream) {
-  const detail::ArgChecker check("quantize_fp8");
-  check.require(x.ndim >= 0 && x.ndim <= kMaxDims, "x must have at most ", kMaxDims,
+namespace detail {
+
+void validate_quantize_input(const ArgChecker& check, const TensorView& x, const char* name) {
+  check.require(x.ndim >= 0 && x.ndim <= kMaxDims, name, " must have at most ", kMaxDims,
                 " dimensions, got ", x.ndim);
-  check.defined(x, "x", x.ndim);
-  check.dtype(x, "x", kActivationDtypes);
-  check.last_dim_contiguous(x, "x");
+  check.defined(x, name, x.ndim);
+  check.dtype(x, name, kActivationDtypes);
+  check.last_dim_contiguous(x, name);
+}
+
+void validate_quantize_output(const ArgChecker& check, const TensorView& x, const TensorView& out,
+                              float scale_inv) {
   check.defined(out, "out", x.ndim);
   for (int d = 0; d < x.ndim; ++d) check.dim(out, "out", d, x.shape[d]);
   check.dtype(out, "out", {DType::kFloat8E4M3});
@@ -78,11 +85,23 @@ void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv, S
   check.same_device(out, "out", x.device);
   check.disjoint(out, "out", x, "x");
   check.finite(scale_inv, "scale_inv");
+}
 
+void run_quantize_fp8_validated(const ArgChecker& check, const TensorView& x, const TensorView& out,
+                                float scale_inv, Stream stream) {
   if (!x.is_cuda()) return reference::quantize_fp8(x, out, scale_inv);
-  const detail::DeviceGuard guard(x.device, check.function());
+  const DeviceGuard guard(x.device, check.function());
   kernels::run_quantize_fp8(quantize_params(x, out, scale_inv), stream);
-  detail::check_cuda(cudaGetLastError(), "quantize_fp8", "kernel launch");
+  check_cuda(cudaGetLastError(), check.function(), "kernel launch");
+}
+
+}  // namespace detail
+
+void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv, Stream stream) {
+  const detail::ArgChecker check("quantize_fp8");
+  detail::validate_quantize_input(check, x);
+  detail::validate_quantize_output(check, x, out, scale_inv);
+  detail::run_quantize_fp8_validated(check, x, out, scale_inv, stream);
 }
 
 void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,

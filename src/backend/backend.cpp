@@ -1,5 +1,7 @@
 // MlaBackend: configuration checks, per-batch metadata, CUDA-graph state and the forward passes.
 // Validation happens here; the work is done by the public operations and the metadata kernels.
+// forward_decode checks each tensor once and then runs the validated halves of quantize_fp8,
+// mla_decode and kv_cache_write (api/*_internal.h; docs/architecture.md says why).
 #include "speedmla/backend.h"
 
 #include <cuda_runtime_api.h>
@@ -10,7 +12,10 @@
 #include <map>
 #include <utility>
 
+#include "api/cache_internal.h"
 #include "api/check.h"
+#include "api/decode_internal.h"
+#include "api/quantize_internal.h"
 #include "backend/device_buffer.h"
 #include "backend/page_table.h"
 #include "backend/views.h"
@@ -475,7 +480,7 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   const bool fp8 = s.config.kv_cache_dtype == DType::kFloat8E4M3;
   c.require(!fp8 || (k_scale > 0 && k_scale < std::numeric_limits<float>::infinity()),
             "k_scale must be positive and finite, got ", k_scale);
-  // Checked here, not only by mla_decode: a refusal there would come after new_kv was written.
+  // Named as the engine passes it: mla_decode's own check would name softmax_scale.
   c.require(scaling > 0 && scaling < std::numeric_limits<float>::infinity(), "scaling must be positive and finite, got ",
             scaling);
   // Workspace: the decode bound for this batch (GPU), then room for FP8 queries. Acquired before
@@ -496,28 +501,53 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
     const size_t grow_to = buffer.capacity() < needed ? workspace_bytes(std::max(bs, s.max_rows()), q_len) : needed;
     workspace = buffer.acquire(s.config.device, needed, grow_to, stream, c.function());
   }
+  TensorView new_rows{};
   if (new_kv) {
-    TensorView rows = new_kv->kv;
-    c.require(rows.ndim == 2 || (rows.ndim == 3 && rows.shape[1] == 1),
-              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", detail::shape_of(rows));
-    if (rows.ndim == 3) rows = detail::squeeze(rows, 1);
-    c.dim(rows, "new_kv.kv", 1, kCacheRowDim);
-    kv_cache_write(kv_cache, new_kv->slots, detail::slice_last(rows, 0, kLatentDim),
-                   detail::slice_last(rows, kLatentDim, kRopeDim), fp8 ? 1.0f / k_scale : 1.0f,
-                   stream);
+    new_rows = new_kv->kv;
+    c.require(new_rows.ndim == 2 || (new_rows.ndim == 3 && new_rows.shape[1] == 1),
+              "new_kv.kv must be [T, 576] or [T, 1, 576], got shape ", detail::shape_of(new_rows));
+    if (new_rows.ndim == 3) new_rows = detail::squeeze(new_rows, 1);
+    c.dim(new_rows, "new_kv.kv", 1, kCacheRowDim);
   }
 
+  // Every check before any work, each tensor once. The engine's query is checked as
+  // quantize_fp8's x (named q) when it is quantised (the FP8 copy in the workspace is built to pass
+  // quantize_fp8's checks of out), and the query mla_decode reads, the engine's or the copy, with
+  // everything else mla_decode reads, by mla_decode's own validation, under this function's name.
   TensorView query = q4;
   if (quantize) {
+    detail::validate_quantize_input(c, q4, "q");
     query = make_view(workspace.ptr<char>() + decode_bytes, DType::kFloat8E4M3, s.config.device,
                       {bs, q_len, heads, kCacheRowDim});
-    quantize_fp8(q4, query, 1.0f, stream);
   }
   std::optional<TensorView> decode_workspace;
   if (gpu) decode_workspace = detail::slice_rows(workspace, 0, static_cast<int64_t>(decode_bytes));
-  mla_decode(query, kv_cache, detail::slice_rows(md.block_table, md.num_extends, bs),
-             detail::slice_rows(md.seq_lens, md.num_extends, bs), out4, lse3, decode_workspace,
-             fp8 ? k_scale * scaling : scaling, fp8 ? k_scale : 1.0f, stream);
+  const TensorView block_table = detail::slice_rows(md.block_table, md.num_extends, bs);
+  const TensorView seq_lens = detail::slice_rows(md.seq_lens, md.num_extends, bs);
+  const float softmax_scale = fp8 ? k_scale * scaling : scaling, output_scale = fp8 ? k_scale : 1.0f;
+  const detail::DecodeShape shape =
+      detail::validate_decode(c, query, kv_cache, block_table, seq_lens, out4, lse3, decode_workspace,
+                              softmax_scale, output_scale);
+
+  // The new KV as kv_cache_write's latent and rope, checked (and named) as by kv_cache_write but
+  // for kv_cache, which validate_decode has checked: kv_cache_write's own checks of it are
+  // check_cache_layout, FP8 or BF16 (here: the configured dtype) and 16-byte alignment, the one
+  // validate_decode makes only on the GPU.
+  const detail::ArgChecker write_check("kv_cache_write");
+  TensorView latent{}, rope{};
+  const float write_scale = fp8 ? 1.0f / k_scale : 1.0f;
+  if (new_kv) {
+    latent = detail::slice_last(new_rows, 0, kLatentDim);
+    rope = detail::slice_last(new_rows, kLatentDim, kRopeDim);
+    if (!query.is_cuda()) write_check.aligned(kv_cache, "kv_cache", 16);
+    detail::validate_kv_cache_write_inputs(write_check, kv_cache, new_kv->slots, latent, rope, write_scale);
+  }
+
+  if (new_kv)
+    detail::run_kv_cache_write_validated(write_check, kv_cache, new_kv->slots, latent, rope, write_scale, stream);
+  if (quantize) detail::run_quantize_fp8_validated(c, q4, query, 1.0f, stream);
+  detail::run_decode_validated(c, shape, query, kv_cache, block_table, seq_lens, out4, lse3,
+                               decode_workspace, softmax_scale, output_scale, stream);
 }
 
 void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k,

@@ -51,6 +51,12 @@ struct DecodeBatch {
     seq_lens = int_tensor(DType::kInt32, {40, 17, 64});
   }
 
+  // Decode metadata for all 3 requests.
+  void init_decode(MlaBackend& backend) const {
+    backend.init_forward_metadata(3, 0, pool.view(), seq_lens.view(), ForwardMode::kDecode, req_to_page.view(),
+                                  std::nullopt);
+  }
+
   // The block table rows [first, first + count) by hand.
   HostTensor block_table(int64_t first, int64_t count, int64_t width) const {
     HostTensor t(DType::kInt32, {count, width});
@@ -65,8 +71,7 @@ TEST(BackendDecode, Bf16CacheMatchesADirectCall) {
   std::mt19937_64 rng(1);
   DecodeBatch batch(DType::kBFloat16, rng);
   MlaBackend backend(batch.config);
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   const int64_t heads = 4;
   HostTensor q(DType::kBFloat16, {3, heads, 576});
   fill_uniform(q, rng, -1.0, 1.0);
@@ -129,8 +134,7 @@ TEST(BackendDecode, RejectsBadCalls) {
   HostTensor q(DType::kBFloat16, {3, 4, 576}), out(DType::kBFloat16, {3, 4, 512});
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 3, out.view(), 0.1f); },
                "there is no decode metadata");
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 4, out.view(), 0.1f); },
                "bs must be in [1, 3]");
   expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 2, out.view(), 0.1f); },
@@ -154,14 +158,41 @@ TEST(BackendDecode, RejectsBadCalls) {
                "new_kv.kv must be [T, 576] or [T, 1, 576]");
 }
 
+// Every argument is checked before any work: a call refused by the decode's checks leaves the
+// new KV unwritten. Each argument is named as the engine passed it.
+TEST(BackendDecode, ChecksEverythingBeforeWritingTheCache) {
+  std::mt19937_64 rng(5);
+  DecodeBatch batch(DType::kFloat8E4M3, rng);
+  MlaBackend backend(batch.config);
+  batch.init_decode(backend);
+  HostTensor q(DType::kBFloat16, {3, 4, 576}), out(DType::kBFloat16, {3, 4, 512});
+  fill_uniform(q, rng, -1.0, 1.0);
+  HostTensor new_kv(DType::kBFloat16, {3, 576});
+  fill_uniform(new_kv, rng, -1.0, 1.0);
+  const HostTensor slots = int_tensor(DType::kInt64, {16, 17, 18});
+  const HostTensor before = clone(batch.cache);
+  HostTensor bad_lse(DType::kBFloat16, {3, 4});
+  expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 3, out.view(), 0.1f, 1.0f,
+                                            NewTokenKv{new_kv.view(), slots.view()}, bad_lse.view()); },
+               "MlaBackend::forward_decode: lse must be float32");
+  EXPECT_TRUE(same_bytes(batch.cache, before));
+  HostTensor int_q(DType::kInt32, {3, 4, 576});
+  expect_error([&] { backend.forward_decode(int_q.view(), batch.cache.view(), 3, out.view(), 0.1f); },
+               "MlaBackend::forward_decode: q must be bfloat16 or float16 or float32");
+  const HostTensor bad_slots = int_tensor(DType::kInt32, {16, 17, 18});
+  expect_error([&] { backend.forward_decode(q.view(), batch.cache.view(), 3, out.view(), 0.1f, 1.0f,
+                                            NewTokenKv{new_kv.view(), bad_slots.view()}); },
+               "kv_cache_write: slots must be int64");
+  EXPECT_TRUE(same_bytes(batch.cache, before));
+}
+
 TEST(BackendWorkspace, OwnedPerBackendAndStreamGrowingOnly) {
   std::mt19937_64 rng(4);
   DecodeBatch batch(DType::kFloat8E4M3, rng);  // an FP8 cache needs CPU workspace (the FP8 query)
   MlaBackend backend(batch.config);
   EXPECT_EQ(backend.workspace_capacity(), 0u);  // allocated on first use
   const int64_t rows = std::max(batch.config.max_batch, batch.config.max_graph_batch);
-  backend.init_forward_metadata(3, 0, batch.pool.view(), batch.seq_lens.view(), ForwardMode::kDecode,
-                                batch.req_to_page.view(), std::nullopt);
+  batch.init_decode(backend);
   const int64_t q_len = 9;
   HostTensor q(DType::kBFloat16, {3 * q_len, 4, 576}), out(DType::kBFloat16, {3 * q_len, 4, 512});
   fill_uniform(q, rng, -1.0, 1.0);

@@ -1,5 +1,7 @@
 #include "kernels/prefill/sm90/launch.h"
 
+#include <cstdint>
+
 #include "kernels/prefill/sm90/config.h"
 
 namespace speedmla::kernels::prefill_sm90 {
@@ -18,6 +20,8 @@ PrefillLaunchStatus run_prefill(const PrefillViews& views, cudaStream_t stream) 
   p.out = views.out.ptr<uint16_t>();
   p.out_stride_token = views.out.strides[0];
   p.out_stride_head = views.out.strides[1];
+  p.out_aligned16 = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_stride_token % 8 == 0 &&
+                    p.out_stride_head % 8 == 0;
   if (views.lse != nullptr) {
     p.lse = views.lse->ptr<float>();
     p.lse_stride_token = views.lse->strides[0];

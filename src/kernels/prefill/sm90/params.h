@@ -28,6 +28,7 @@ struct PrefillParams {
   // ---- outputs
   uint16_t* out;                // [total_q, H, 128] BF16 bits; element strides below, last dim 1
   int64_t out_stride_token, out_stride_head;
+  bool out_aligned16;           // out and its strides allow 16-byte stores (else 4-byte ones)
   float* lse;                   // [total_q, H] natural log, or nullptr
   int64_t lse_stride_token, lse_stride_head;
 

@@ -52,7 +52,7 @@ struct PrefillBf16Traits {
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
   static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k128B;
   static constexpr int kMmaK = 16;
-  static constexpr attention::SoftmaxConfig kSoftmax{8.f, 0.f};  // P below 2^8: far inside BF16
+  static constexpr attention::SoftmaxConfig kSoftmax{8.f, 0.f, 0};  // P below 2^8: far inside BF16
   // The CTA starts with 168 registers a thread (504 per lane of the three warpgroups); the
   // producer gives most of its share to the consumers (64 score + 64 output + 32 P registers).
   static constexpr int kProducerRegs = 40;
@@ -71,7 +71,12 @@ struct PrefillFp8Traits {
   static constexpr int kMmaK = 32;
   // P scaled by 2^7 so small probabilities stay normal e4m3 numbers; the lazy-max slack keeps
   // P below 2^8.5 < 448 (online_softmax.cuh).
-  static constexpr attention::SoftmaxConfig kSoftmax{1.5f, 7.f};
+  // Two of every 16 exponentials on the FMA pipe: at 2^-4 e4m3 steps, P needs no MUFU precision.
+  // The normaliser is the exact FP32 sum of P. Summing P in the P·V itself (an all-ones V^T
+  // column, N = 136) was tried: LSE errors grew to 0.55 on long and sharp rows, as the FP8
+  // tensor cores' accumulation keeps only ~14 bits (DeepSeek-V3's finding), the worst case
+  // being a large positive sum of small terms.
+  static constexpr attention::SoftmaxConfig kSoftmax{1.5f, 7.f, 2};
   // The producer's warps transpose every value block (a batch of four 16-byte loads in flight).
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
@@ -113,6 +118,7 @@ struct PrefillKernel {
   static constexpr int kVtGroupStride = (kBlockKeys / 16) * kVtCoreStride + 16;
   static constexpr int kVtStageBytes = (kVDim / 8) * kVtGroupStride;
 
+  static constexpr int kOutStageBytes = 16 * (kVDim / 2) * 2;  // 16 rows x 64 BF16 value dims
   static constexpr int kQBytes = kQkChunks * kChunkBytes;
   static constexpr int kKBytes = kQkChunks * kChunkBytes;
   static constexpr int kVBytes = kVChunks * kChunkBytes;
@@ -131,6 +137,10 @@ struct PrefillKernel {
     uint8_t k[kStages][kKBytes];
     uint8_t v[kStages][kVBytes];  // as loaded (FP8: the transposes' source)
     alignas(16) uint8_t vt[kFp8 ? kStages : 1][kFp8 ? kVtStageBytes : 16];
+    // Each consumer warp's output rows pass through here on their way out (store_tile): half
+    // of its 16 rows' value dims at a time, so that the stores to global memory are whole
+    // 128-byte row segments rather than 16-byte pieces of eight rows.
+    alignas(128) uint8_t out_stage[2][4][kOutStageBytes];
     TileInfo tile;
     uint64_t q_full, q_free;
     uint64_t k_full[kStages], k_free[kStages];
@@ -142,8 +152,10 @@ struct PrefillKernel {
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment of the dynamic base
   static_assert(kSmemBytes <= 227 * 1024, "prefill shared memory exceeds the SM90 limit");
 
+  // Offsetting the __shared__ array itself (not a generic integer round trip) lets the compiler
+  // keep every access in the shared window (LDS/STS rather than generic loads).
   static __device__ SharedStorage& carve(uint8_t* raw) {
-    return *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    return *reinterpret_cast<SharedStorage*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
   }
 
   static __device__ void init_barriers(SharedStorage& s) {
@@ -377,17 +389,14 @@ struct PrefillKernel {
       }
   }
 
-  // Probabilities -> P fragments; FP8 also adds the block's rounded weights to the running
-  // normaliser (scaled like the output by the block's factor).
-  static __device__ void take_probabilities(const float (&scores)[kScoreRegs], uint32_t (&probs)[kProbRegs],
-                                            float (&weight_sum)[2], const float (&factor)[2]) {
-    attention::pack_probabilities<kFp8>(scores, probs);
-    if constexpr (kFp8) {
-      float block_weights[2];
-      attention::fp8_probability_row_sums(probs, block_weights);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) weight_sum[i] = fmaf(weight_sum[i], factor[i], block_weights[i]);
-    }
+  // Waits until value block `block` of the tile (in pipeline position `at`) may be read by the
+  // P·V. FP8 reads the producer's V^T. BF16 reads the block as TMA wrote it, so a full block
+  // waits for the transfer alone: the producer signals v_ready only after issuing the next
+  // block's loads, which wait for an earlier P·V of both consumers — that would put the other
+  // consumer's softmax on this one's path. A partial block waits for its zeroed tail rows.
+  static __device__ void wait_values(SharedStorage& s, sm90::PipelineState<kStages> at, int block, int len_k) {
+    const bool as_loaded = !kFp8 && len_k - block * kBlockKeys >= kBlockKeys;
+    sm90::mbarrier_wait(as_loaded ? &s.v_landed[at.stage()] : &s.v_ready[at.stage()], at.full_parity());
   }
 
   static __device__ void release(uint64_t* bar) {
@@ -427,7 +436,6 @@ struct PrefillKernel {
         limit[i] = p.causal ? min(t.len_k, max(t.len_k - t.len_q + row[i] + 1, 0)) : t.len_k;
       }
       softmax.reset();
-      float weight_sum[2] = {0.f, 0.f};  // FP8: the normaliser of the rounded P
       float factor[2];
       attention::zero(acc);
       const int n = t.num_blocks;
@@ -445,7 +453,7 @@ struct PrefillKernel {
         if (n == 1) sm90::mbarrier_arrive(&s.q_free);
         mask_block(scores, 0, limit);
         softmax.step(scores, p.score_scale_log2, factor);
-        take_probabilities(scores, probs, weight_sum, factor);
+        attention::pack_probabilities<kFp8>(scores, probs);
         for (int j = 1; j < n; ++j) {
           const sm90::PipelineState<kStages> previous = blocks;
           blocks.advance();
@@ -454,7 +462,7 @@ struct PrefillKernel {
           sm90::named_barrier_sync(my_turn, kTurnThreads);
           issue_scores(s, stage, me, scores);
           attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
-          sm90::mbarrier_wait(&s.v_ready[previous.stage()], previous.full_parity());
+          wait_values(s, previous, j - 1, t.len_k);
           issue_values(s, previous.stage(), probs, acc);
           sm90::named_barrier_arrive(their_turn, kTurnThreads);
           // S(j) is the older group in flight: wait for it alone; P·V(j - 1) runs on while
@@ -467,44 +475,80 @@ struct PrefillKernel {
           softmax.step(scores, p.score_scale_log2, factor);
           retire_all();
           release(&s.v_free[previous.stage()]);
-          take_probabilities(scores, probs, weight_sum, factor);
+          attention::pack_probabilities<kFp8>(scores, probs);
         }
         attention::scale_rows<false>(acc, factor[0], factor[1]);
         stage = blocks.stage();
-        sm90::mbarrier_wait(&s.v_ready[stage], blocks.full_parity());
+        wait_values(s, blocks, n - 1, t.len_k);
         issue_values(s, stage, probs, acc);
         retire_all();
         release(&s.v_free[stage]);
         blocks.advance();
       }
-      store_tile(p, t, row, softmax, weight_sum, acc);
+      store_tile(p, s, me, t, row, softmax, acc);
     }
     if (me == 0) sm90::named_barrier_sync(my_turn, kTurnThreads);
   }
 
   // Normalises and writes this thread's two rows of the tile (those inside the request): BF16
-  // out (x output_scale) and the LSE. Rows that saw no key get 0 and -inf.
-  static __device__ void store_tile(const PrefillParams& p, const TileInfo& t, const int (&row)[2],
+  // out (x output_scale) and the LSE. Rows that saw no key get 0 and -inf. The warp's 16 rows go
+  // out through its staging buffer, half of the value dims at a time: stmatrix puts the
+  // fragments in row order (16-byte chunks XOR-swizzled by row: neither side has bank
+  // conflicts), then each lane stores 16-byte pieces, four whole 128-byte row segments a warp
+  // instruction.
+  static __device__ void store_tile(const PrefillParams& p, SharedStorage& s, int me, const TileInfo& t,
+                                    const int (&row)[2],
                                     const typename attention::OnlineSoftmax<Traits::kSoftmax>& softmax,
-                                    const float (&weight_sum)[2], const float (&acc)[kAccRegs]) {
-    const int quad = threadIdx.x % 4;
+                                    const float (&acc)[kAccRegs]) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    bool seen[2];
+    float scale[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = attention::quad_sum(softmax.row_sum[i]);
-      const float weights = kFp8 ? attention::quad_sum(weight_sum[i]) : sum;
-      if (row[i] >= t.len_q) continue;
-      const bool seen = sum > 0.f && weights > 0.f;
-      const float scale = seen ? p.output_scale / weights : 0.f;
-      const int64_t token = t.q_begin + row[i];
-      uint16_t* out = p.out + token * p.out_stride_token + static_cast<int64_t>(t.head) * p.out_stride_head + 2 * quad;
+      seen[i] = sum > 0.f;
+      scale[i] = seen[i] ? p.output_scale / sum : 0.f;
+      if (p.lse != nullptr && lane % 4 == 0 && row[i] < t.len_q)
+        p.lse[(t.q_begin + row[i]) * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+            softmax.lse(i, sum);
+    }
+    auto pack_row = [&](int n, int i) {
+      return seen[i] ? sm90::pack_bf16x2(acc[4 * n + 2 * i] * scale[i], acc[4 * n + 2 * i + 1] * scale[i]) : 0u;
+    };
+    auto swizzled = [](int r, int chunk) { return r * 128 + ((chunk ^ (r % 8)) * 16); };
+    const uint32_t stage = sm90::smem_u32(s.out_stage[me][warp]);
+    const int first_row = t.m0 + me * kConsumerRows + 16 * warp;  // the warp's row 0, within the request
 #pragma unroll
-      for (int n = 0; n < kAccRegs / 4; ++n) {
-        const uint32_t pair =
-            seen ? sm90::pack_bf16x2(acc[4 * n + 2 * i] * scale, acc[4 * n + 2 * i + 1] * scale) : 0u;
-        *reinterpret_cast<uint32_t*>(out + 8 * n) = pair;
+    for (int half = 0; half < 2; ++half) {
+      // Matrix mm of stmatrix m holds rows 8 (mm % 2) .. + 7, dims 8 (8 half + 2 m + mm / 2) .. + 7;
+      // lane l gives the address of row l % 8 of matrix l / 8.
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int n = 8 * half + 2 * m;
+        const uint4 v = make_uint4(pack_row(n, 0), pack_row(n, 1), pack_row(n + 1, 0), pack_row(n + 1, 1));
+        sm90::stmatrix_x4(stage + swizzled(8 * (lane / 8 % 2) + lane % 8, 2 * m + lane / 16), v);
       }
-      if (p.lse != nullptr && quad == 0)
-        p.lse[token * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] = softmax.lse(i, sum);
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int r = 4 * k + lane / 8, chunk = lane % 8;
+        const uint4 piece = sm90::ld_shared_v4(stage + swizzled(r, chunk));
+        if (first_row + r < t.len_q)
+          store_out_piece(p.out + (t.q_begin + first_row + r) * p.out_stride_token +
+                              static_cast<int64_t>(t.head) * p.out_stride_head + 64 * half + 8 * chunk,
+                          piece, p.out_aligned16);
+      }
+      __syncwarp();  // the next half overwrites the buffer
+    }
+  }
+
+  // 16 bytes of output; `aligned`: the address is 16-byte aligned (else 4-byte, as validated).
+  static __device__ void store_out_piece(uint16_t* dst, uint4 v, bool aligned) {
+    if (aligned) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      uint32_t* words = reinterpret_cast<uint32_t*>(dst);
+      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
     }
   }
 };

@@ -21,6 +21,10 @@ namespace speedmla::kernels::sm90::attention {
 struct SoftmaxConfig {
   float slack_log2;  // lazy-max slack (base 2)
   float bias_log2;   // probabilities scaled by 2^bias
+  // Of every 16 probabilities of a thread, how many are computed on the FMA pipe
+  // (exp2_on_fma_pipe, for P rounded to e4m3 only) rather than by MUFU: FP8 kernels whose
+  // exponentials outrun their tensor work balance the two pipes with it.
+  int fma_exp2_per_16;
 };
 
 template <SoftmaxConfig kConfig>
@@ -52,7 +56,10 @@ struct OnlineSoftmax {
       row_max[i] = new_max;
     }
 #pragma unroll
-    for (int r = 0; r < kRegs; ++r) scores[r] = fast_exp2(fmaf(scores[r], scale_log2, -base[(r / 2) % 2]));
+    for (int r = 0; r < kRegs; ++r) {
+      const float x = fmaf(scores[r], scale_log2, -base[(r / 2) % 2]);
+      scores[r] = r % 16 < kConfig.fma_exp2_per_16 ? exp2_on_fma_pipe(x) : fast_exp2(x);
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       row_sum[i] = fmaf(row_sum[i], factor[i], row_tree_reduce(scores, i, [](float a, float b) { return a + b; }));

@@ -1,0 +1,36 @@
+// mla_decode in two halves, for callers inside the library that validate once and then run
+// (MlaBackend::forward_decode builds some of mla_decode's arguments itself and must not check
+// the engine's tensors twice). The public mla_decode is validate_decode + run_decode_validated.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "api/check.h"
+#include "speedmla/tensor.h"
+
+namespace speedmla::detail {
+
+struct DecodeShape {
+  int64_t batch, q_len, heads, num_pages, page_size, max_pages;
+  int num_sms;  // of q's device when the GPU path runs (CUDA tensors, batch >= 1), else 0
+};
+
+// Every check mla_decode makes, messages named by `check`'s function: the contract (decode.h)
+// on any device, then for CUDA tensors with batch >= 1 what the SM90 kernels need (page size,
+// alignment, index bounds, compute capability 9.0) and the workspace. Launches nothing.
+DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
+                            const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
+                            const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
+                            float softmax_scale, float output_scale);
+
+// mla_decode's work on arguments validate_decode accepted, with the shape it returned: the CPU
+// reference, or the SM90 kernels on `stream`. Checks no argument; `check` names the function in
+// the launch errors.
+void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, const TensorView& q,
+                          const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
+                          const TensorView& out, const std::optional<TensorView>& lse,
+                          const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
+                          Stream stream);
+
+}  // namespace speedmla::detail
