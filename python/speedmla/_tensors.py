@@ -9,7 +9,6 @@ takes those integer types otherwise), and outputs of those types come back as su
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 from typing import Any, Callable, Sequence
@@ -145,39 +144,27 @@ def _is_array(x: Any) -> bool:
 _FLAGS = ("causal", "return_lse", "dtype")
 
 
-def clear_argument_errors(function: Callable) -> Callable:
-    """Makes an operation raise :class:`Error` naming the argument when a tensor argument is not
-    an array (a list, None, a number) or a scale is not a number: such arguments otherwise fail
-    deep inside the call with an AttributeError or TypeError that names nothing of the call. The
-    check runs only after a call has failed, so a good call costs one function frame."""
-    signature = inspect.signature(function)
-
-    @functools.wraps(function)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except Error:
-            raise
-        except (TypeError, AttributeError, ValueError) as failure:
+def raise_argument_error(function: Callable, arguments: dict, failure: Exception) -> None:
+    """Called by an operation whose body raised `failure` (its `except` clause, which costs
+    nothing until something is raised): re-raises it as an :class:`Error` naming the argument
+    when a tensor argument is not an array (a list, None, a number) or a scale is not a number,
+    which otherwise fail deep in the call naming nothing of it; re-raises it unchanged otherwise
+    (a speedmla.Error among them). `arguments` is the operation's locals()."""
+    if isinstance(failure, Error):
+        raise failure
+    for name, parameter in inspect.signature(function).parameters.items():
+        value = arguments.get(name)
+        if name in _FLAGS:
+            continue
+        if "scale" in name:
             try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                raise failure from None  # a call Python itself refuses: its message says why
-            for name, value in bound.arguments.items():
-                if name in _FLAGS:
-                    continue
-                if "scale" in name:
-                    try:
-                        float(value)
-                    except (TypeError, ValueError):
-                        raise Error(f"{function.__name__}: {name} must be a number, got "
-                                    f"{type(value).__name__}") from failure
-                    continue
-                required = signature.parameters[name].default is inspect.Parameter.empty
-                if (value is not None and not _is_array(value)) or (value is None and required):
-                    raise Error(f"{function.__name__}: {name} must be a torch.Tensor, a numpy.ndarray "
-                                f"or a DLPack tensor, got {type(value).__name__}") from failure
-            raise
-
-    return checked
-
+                float(value)
+            except (TypeError, ValueError):
+                raise Error(f"{function.__name__}: {name} must be a number, got "
+                            f"{type(value).__name__}") from failure
+            continue
+        required = parameter.default is inspect.Parameter.empty
+        if (value is not None and not _is_array(value)) or (value is None and required):
+            raise Error(f"{function.__name__}: {name} must be a torch.Tensor, a numpy.ndarray or a "
+                        f"DLPack tensor, got {type(value).__name__}") from failure
+    raise failure
