@@ -129,16 +129,20 @@ TEST_P(DeviceValuesGpu, PrefillCuSeqlensClampedToTheTensors) {
 }
 
 // cu_seqlens near INT_MIN: the prefill kernel's tile search (find_tile in
-// src/kernels/prefill/sm90/prefill_kernel.cuh) computes a tile's first row as
-// (slot - slot_begin) * 64 in 32-bit int, where slot_begin = cu_seqlens_q[b] / 64 + b; with
-// cu_seqlens_q[b] near -2^31 that product wraps to a negative row, and store_tile writes rows
-// before out. Kept out of the main GPU run (scripts/gpu-check.sh runs it in its own process, as
-// an illegal address poisons the whole context) until find_tile computes that row in 64 bits.
+// src/kernels/prefill/sm90/prefill_kernel.cuh) works in 32-bit int. (1) A tile's first row is
+// (slot - slot_begin) * 64 with slot_begin = cu_seqlens_q[b] / 64 + b: with cu_seqlens_q[b] near
+// -2^31 it wraps to a negative row and store_tile writes rows before out. (2) A length is
+// min(end, rows) - begin: an end near -2^31 after a positive begin wraps to about 2^31, and the
+// last request's tile writes up to 64 rows past out. Kept out of the main GPU run
+// (scripts/gpu-check.sh runs it in its own process: an illegal address poisons the context)
+// until find_tile does that arithmetic in 64 bits or clamps the ends first
+// (docs/device-values.md, "Known gap").
 TEST(PrefillCuSeqlensOverflow, NearIntMinStaysInside) {
   SPEEDMLA_REQUIRE_GPU();
   for (const DType dtype : {DType::kBFloat16, DType::kFloat8E4M3}) {
     expect_prefill_stays_inside(dtype, {kIntMin, 70, 71, 201, 201}, {0, 90, 290, 420, 425});
     expect_prefill_stays_inside(dtype, {0, 70, kIntMin + 64, 201, 201}, {0, 90, 290, 420, 425});
+    expect_prefill_stays_inside(dtype, {0, 70, 71, 201, kIntMin}, {0, 90, 290, 420, 425});
   }
 }
 
