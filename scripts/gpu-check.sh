@@ -4,9 +4,12 @@
 # build/gpu-check/.
 #
 #   scripts/gpu-check.sh [--tests-only | --bench-only] [--filter GTEST_FILTER] [--bench-args "..."]
-#                        [--sanitize] [--host-cost]
+#                        [--sanitize] [--host-cost] [--wheel]
 #
 # --filter narrows the GoogleTest cases and leaves the Python GPU tests out.
+# --wheel runs the Python tests (all of them) against the wheel in .whl/ (scripts/build_wheel.sh
+# here), installed offline into a fresh virtual environment that sees the system's PyTorch,
+# instead of against the build folder's module (tests/python/run_wheel.sh).
 # Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
 # SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small subset of every GPU operation
 # (decode both dtypes, every page size, q_len > 1; prefill; merge; cache write and gather;
@@ -27,7 +30,7 @@ build="${SPEEDMLA_BUILD_DIR:-$root/build}"
 logs="${OUT:-$build/gpu-check}"
 mkdir -p "$logs"
 
-run_tests=1 run_bench=1 sanitize=0 host_cost=0 filter="*" bench_args=""
+run_tests=1 run_bench=1 sanitize=0 host_cost=0 wheel=0 filter="*" bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests-only) run_bench=0 ;;
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
     --bench-args) bench_args="$2"; shift ;;
     --sanitize) sanitize=1 ;;
     --host-cost) host_cost=1 ;;
+    --wheel) wheel=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -98,7 +102,13 @@ if [ "$run_tests" = 1 ]; then
     summary+=("prefill cu_seqlens near INT_MIN, own process (rc=$rc; fails until the find_tile fix): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logs/gpu_tests_overflow.log" | tr '\n' ' ')")
   fi
   # The Python tests take no GoogleTest filter: they run with the full set only.
-  if [ "$filter" = "*" ] && [ -x "$root/tests/python/run_gpu.sh" ]; then
+  if [ "$filter" = "*" ] && [ "$wheel" = 1 ]; then
+    timeout 400 "$root/tests/python/run_wheel.sh" --offline --system-site-packages \
+      > "$logs/python_wheel_tests.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    summary+=("python tests against the installed wheel (rc=$rc): $(tail -1 "$logs/python_wheel_tests.log")")
+  elif [ "$filter" = "*" ] && [ -x "$root/tests/python/run_gpu.sh" ]; then
     timeout 300 "$root/tests/python/run_gpu.sh" > "$logs/python_gpu_tests.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1

