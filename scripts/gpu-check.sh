@@ -11,8 +11,15 @@
 # here), installed offline into a fresh virtual environment that sees the system's PyTorch,
 # instead of against the build folder's module (tests/python/run_wheel.sh).
 # Expects a build folder made by scripts/setup.sh (here or carried to the GPU machine); set
-# SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small decode and prefill subset
-# under compute-sanitizer (memcheck, racecheck and synccheck). --bench-args go to the decode
+# SPEEDMLA_BUILD_DIR to use another. --sanitize also runs a small subset of every GPU operation
+# (decode both dtypes, every page size, q_len > 1; prefill; merge; cache write and gather;
+# quantize and pack; the backend's metadata kernels; captured-graph replays; the check mode's
+# kernels; a short GPU fuzz and the hostile device-side values) under compute-sanitizer memcheck,
+# racecheck and synccheck, and initcheck on the tests whose inputs are all written before use.
+# The tests print "[ budget ]" lines (tests/common/error_budget.h); the worst error per
+# operation and dtype goes to error_budget.md in the log folder (docs/error-budget.md).
+# PrefillCuSeqlensOverflow runs in its own process: it is known to fault until the prefill
+# kernel's tile search is fixed (docs/device-values.md, "Known gap"). --bench-args go to the decode
 # benchmark; the prefill grid (speedmla-bench --prefill) runs after it with its defaults.
 # --host-cost also measures the host time per mla_decode call, C++ (build/speedmla-host-cost)
 # and Python (bench/host_cost.py, with the packages the Python GPU tests installed into the
@@ -49,7 +56,9 @@ summary+=("gpu: $(head -1 "$logs/gpu.txt")  build of: $commit")
 status=0
 if [ "$run_tests" = 1 ]; then
   # Line-buffered, with a time limit: a hung kernel must still leave its log behind.
-  timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" \
+  # The known overflow test stays out of this process (an illegal address would end it).
+  case "$filter" in *-*) main_filter="$filter:PrefillCuSeqlensOverflow.*" ;; *) main_filter="$filter-PrefillCuSeqlensOverflow.*" ;; esac
+  timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$main_filter" \
     > "$logs/gpu_tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
@@ -66,6 +75,32 @@ if [ "$run_tests" = 1 ]; then
       summary+=("  prefill $dtype: worst per-request rel L2 error $worst, worst lse error $worst_lse over $(wc -l <<< "$lines") cases")
     fi
   done
+  # Worst measured error per operation and dtype against its bound, from the "[ budget ]" lines.
+  if grep -q '^\[ budget \]' "$logs/gpu_tests.log"; then
+    { echo "build of: $commit; gpu: $(head -1 "$logs/gpu.txt")"
+      echo
+      echo "| operation | dtype | measurements | worst out rel. L2 | worst out max abs | worst LSE max abs |"
+      echo "|---|---|---|---|---|---|"
+      grep '^\[ budget \]' "$logs/gpu_tests.log" | awk '
+        { key = $4 " " $5; n[key]++
+          for (i = 6; i <= 8; i++) { split($i, kv, "="); v = kv[2] + 0
+            if (!(key SUBSEP kv[1] in w) || v > w[key, kv[1]]) w[key, kv[1]] = v } }
+        END { for (k in n) { split(k, p, " ")
+                printf "| %s | %s | %d | %.3g | %.3g | %.3g |\n", p[1], p[2], n[k],
+                       w[k, "out_rel_l2"], w[k, "out_max_abs"], w[k, "lse_max_abs"] } }' | sort
+      echo
+      echo "(-1: not measured by that operation's tests)"
+    } > "$logs/error_budget.md"
+    summary+=("error budget: $logs/error_budget.md")
+    while IFS= read -r line; do summary+=("  $line"); done < <(grep '^| [a-zA-Z]' "$logs/error_budget.md" | grep -v '^| operation')
+  fi
+  if [ "$filter" = "*" ]; then
+    timeout 120 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter='PrefillCuSeqlensOverflow.*' \
+      > "$logs/gpu_tests_overflow.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    summary+=("prefill cu_seqlens near INT_MIN, own process (rc=$rc; fails until the find_tile fix): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logs/gpu_tests_overflow.log" | tr '\n' ' ')")
+  fi
   # The Python tests take no GoogleTest filter: they run with the full set only.
   if [ "$filter" = "*" ] && [ "$wheel" = 1 ]; then
     timeout 400 "$root/tests/python/run_wheel.sh" --offline --system-site-packages \
@@ -82,9 +117,18 @@ if [ "$run_tests" = 1 ]; then
 fi
 
 if [ "$sanitize" = 1 ]; then
-  for tool in memcheck racecheck synccheck; do
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" --gtest_color=no \
-      --gtest_filter='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*:*BackendPrefillGpu.SingleLoopAndNoLoop*' \
+  # A subset of every GPU operation, small sizes. initcheck only where every input is written
+  # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
+  every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
+  every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
+  every_op+=':*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
+  every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
+  initcheck_set='*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill*:DeterminismGpuMerge.*'
+  for tool in memcheck racecheck synccheck initcheck; do
+    tool_filter="$every_op"
+    [ "$tool" = initcheck ] && tool_filter="$initcheck_set"
+    SPEEDMLA_FUZZ_CASES=40 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" \
+      --gtest_color=no --gtest_filter="$tool_filter" \
       > "$logs/sanitize_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1

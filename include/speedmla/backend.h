@@ -208,7 +208,8 @@ class MlaBackend {
   //            q_len = rows / bs; last dim contiguous
   //   kv_cache [num_pages, page_size, 576] in the configured dtype and page size
   //   out      [bs*q_len, H, 512] or [bs, q_len, H, 512] BF16 (written)
-  //   scaling  the attention scale of q·k; k_scale the cache's dequantisation scale (FP8 only)
+  //   scaling  the attention scale of q·k (finite, > 0); k_scale the cache's dequantisation scale
+  //            (FP8 only; finite, > 0)
   //   new_kv   written first with kv_cache_write (× 1/k_scale for an FP8 cache)
   //   lse      optional [bs*q_len, H] or [bs, q_len, H] FP32 (written)
   // FP8 cache: BF16 q is quantised (× 1) into the workspace, softmax_scale = k_scale · scaling

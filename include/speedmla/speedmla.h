@@ -2,6 +2,7 @@
 #pragma once
 
 #include "speedmla/cache.h"
+#include "speedmla/check.h"
 #include "speedmla/decode.h"
 #include "speedmla/error.h"
 #include "speedmla/merge.h"

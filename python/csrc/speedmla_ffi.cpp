@@ -16,6 +16,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "speedmla/backend.h"
@@ -27,12 +29,17 @@ namespace ffi = tvm::ffi;
 using speedmla::DType;
 
 // Runs `body`, turning speedmla::Error into the FFI error kind Python maps to speedmla.Error.
+// `function` names the operation in errors that arise before it is called: converting an
+// argument (from_dlpack names only the argument) is the binding's work, not the caller's.
 template <typename Body>
-auto translating_errors(const Body& body) -> decltype(body()) {
+auto translating_errors(const char* function, const Body& body) -> decltype(body()) {
   try {
     return body();
   } catch (const speedmla::Error& e) {
-    throw ffi::Error("speedmla.Error", e.what(), "");
+    constexpr std::string_view kConversion = "from_dlpack: ";
+    std::string message = e.what();
+    if (message.rfind(kConversion, 0) == 0) message = function + (": " + message.substr(kConversion.size()));
+    throw ffi::Error("speedmla.Error", message, "");
   }
 }
 
@@ -98,7 +105,7 @@ void mla_decode(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView blo
                 ffi::TensorView seq_lens, ffi::TensorView out, ffi::Optional<ffi::TensorView> lse,
                 ffi::Optional<ffi::TensorView> workspace, double softmax_scale,
                 double output_scale) {
-  translating_errors([&] {
+  translating_errors("mla_decode", [&] {
     const speedmla::TensorView q_view = view(q, "q");
     speedmla::mla_decode(q_view, view(kv_cache, "kv_cache"), view(block_table, "block_table"),
                          view(seq_lens, "seq_lens"), view(out, "out"), view(lse, "lse"),
@@ -111,7 +118,7 @@ void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v,
                  ffi::TensorView cu_seqlens_q, ffi::TensorView cu_seqlens_k, ffi::TensorView out,
                  ffi::Optional<ffi::TensorView> lse, bool causal, double softmax_scale,
                  double output_scale) {
-  translating_errors([&] {
+  translating_errors("mla_prefill", [&] {
     const speedmla::TensorView q_view = view(q, "q");
     speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
                           view(cu_seqlens_k, "cu_seqlens_k"), view(out, "out"), view(lse, "lse"),
@@ -123,7 +130,7 @@ void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v,
 void merge_attn_states(ffi::TensorView out_a, ffi::TensorView lse_a, ffi::TensorView out_b,
                        ffi::TensorView lse_b, ffi::TensorView out,
                        ffi::Optional<ffi::TensorView> lse) {
-  translating_errors([&] {
+  translating_errors("merge_attn_states", [&] {
     const speedmla::TensorView a = view(out_a, "out_a");
     speedmla::merge_attn_states(a, view(lse_a, "lse_a"), view(out_b, "out_b"),
                                 view(lse_b, "lse_b"), view(out, "out"), view(lse, "lse"),
@@ -133,7 +140,7 @@ void merge_attn_states(ffi::TensorView out_a, ffi::TensorView lse_a, ffi::Tensor
 
 void kv_cache_write(ffi::TensorView kv_cache, ffi::TensorView slots, ffi::TensorView latent,
                     ffi::TensorView rope, double scale_inv) {
-  translating_errors([&] {
+  translating_errors("kv_cache_write", [&] {
     const speedmla::TensorView cache = view(kv_cache, "kv_cache");
     speedmla::kv_cache_write(cache, view(slots, "slots"), view(latent, "latent"),
                              view(rope, "rope"), static_cast<float>(scale_inv),
@@ -143,7 +150,7 @@ void kv_cache_write(ffi::TensorView kv_cache, ffi::TensorView slots, ffi::Tensor
 
 void gather_cache(ffi::TensorView kv_cache, ffi::TensorView slots, ffi::TensorView out,
                   double scale) {
-  translating_errors([&] {
+  translating_errors("gather_cache", [&] {
     const speedmla::TensorView cache = view(kv_cache, "kv_cache");
     speedmla::gather_cache(cache, view(slots, "slots"), view(out, "out"),
                            static_cast<float>(scale), stream_of(cache.device));
@@ -151,7 +158,7 @@ void gather_cache(ffi::TensorView kv_cache, ffi::TensorView slots, ffi::TensorVi
 }
 
 void quantize_fp8(ffi::TensorView x, ffi::TensorView out, double scale_inv) {
-  translating_errors([&] {
+  translating_errors("quantize_fp8", [&] {
     const speedmla::TensorView x_view = view(x, "x");
     speedmla::quantize_fp8(x_view, view(out, "out"), static_cast<float>(scale_inv),
                            stream_of(x_view.device));
@@ -161,7 +168,7 @@ void quantize_fp8(ffi::TensorView x, ffi::TensorView out, double scale_inv) {
 void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::TensorView v,
                      ffi::TensorView k_out, ffi::TensorView v_out, double k_scale_inv,
                      double v_scale_inv) {
-  translating_errors([&] {
+  translating_errors("pack_prefill_kv", [&] {
     const speedmla::TensorView nope = view(k_nope, "k_nope");
     speedmla::pack_prefill_kv(nope, view(k_rope, "k_rope"), view(v, "v"), view(k_out, "k_out"),
                               view(v_out, "v_out"), static_cast<float>(k_scale_inv),
@@ -171,14 +178,15 @@ void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::Tensor
 
 int64_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len,
                                   int64_t num_sms) {
-  return translating_errors([&] {
+  return translating_errors("mla_decode_workspace_size", [&] {
     return static_cast<int64_t>(
         speedmla::mla_decode_workspace_size(batch, num_heads, q_len, static_cast<int>(num_sms)));
   });
 }
 
 int64_t device_sm_count(int64_t device) {
-  return translating_errors([&] { return int64_t{speedmla::device_sm_count(static_cast<int>(device))}; });
+  return translating_errors("device_sm_count",
+                            [&] { return int64_t{speedmla::device_sm_count(static_cast<int>(device))}; });
 }
 
 bool decode_page_size_supported(int64_t page_size) {
@@ -186,7 +194,8 @@ bool decode_page_size_supported(int64_t page_size) {
 }
 
 int64_t padded_block_table_width(int64_t context_len, int64_t page_size) {
-  return translating_errors([&] { return speedmla::padded_block_table_width(context_len, page_size); });
+  return translating_errors("padded_block_table_width",
+                            [&] { return speedmla::padded_block_table_width(context_len, page_size); });
 }
 
 // The same memory with another dtype of the same width: how NumPy, which has no bfloat16 or
@@ -234,7 +243,7 @@ Backend make_backend(int64_t num_heads, int64_t tp_size, int64_t page_size,
                      int64_t max_graph_batch, int64_t num_draft_tokens, bool is_draft,
                      bool seed_compatible, int64_t chunked_prefill_capacity, bool cuda,
                      int64_t device) {
-  return translating_errors([&] {
+  return translating_errors("MlaBackend", [&] {
     speedmla::MlaBackendConfig config;
     config.num_heads = num_heads;
     config.tp_size = tp_size;
@@ -259,7 +268,8 @@ Backend make_backend(int64_t num_heads, int64_t tp_size, int64_t page_size,
 int64_t backend_block_table_width(Backend b) { return (*b).block_table_width(); }
 
 int64_t backend_workspace_bytes(Backend b, int64_t batch, int64_t q_len) {
-  return translating_errors([&] { return static_cast<int64_t>((*b).workspace_bytes(batch, q_len)); });
+  return translating_errors("MlaBackend::workspace_bytes",
+                            [&] { return static_cast<int64_t>((*b).workspace_bytes(batch, q_len)); });
 }
 
 // Bytes of the backend's workspace for eager calls on the caller's current stream.
@@ -272,7 +282,7 @@ void backend_init_forward_metadata(Backend b, int64_t bs, int64_t num_extends,
                                    int64_t mode, ffi::TensorView req_to_page,
                                    ffi::Optional<ffi::TensorView> prefix_lens,
                                    ffi::Optional<ffi::TensorView> extend_lens) {
-  translating_errors([&] {
+  translating_errors("MlaBackend::init_forward_metadata", [&] {
     std::optional<speedmla::MlaBackend::ExtendLens> extend;
     if (prefix_lens.has_value() && extend_lens.has_value())
       extend = speedmla::MlaBackend::ExtendLens{view(*prefix_lens, "extend_prefix_lens_cpu"),
@@ -313,25 +323,27 @@ ffi::Optional<ffi::Array<ffi::Any>> backend_extend_metadata(Backend b) {
 }
 
 int64_t backend_set_num_extends(Backend b, int64_t num_extends) {
-  return translating_errors([&] { return (*b).set_num_extends(num_extends); });
+  return translating_errors("MlaBackend::set_num_extends", [&] { return (*b).set_num_extends(num_extends); });
 }
 
 void backend_init_cuda_graph_state(Backend b, int64_t max_bs, ffi::TensorView seq_lens_buf) {
-  translating_errors([&] { (*b).init_cuda_graph_state(max_bs, view(seq_lens_buf, "seq_lens_buf")); });
+  translating_errors("MlaBackend::init_cuda_graph_state",
+                     [&] { (*b).init_cuda_graph_state(max_bs, view(seq_lens_buf, "seq_lens_buf")); });
 }
 
 void backend_alias_cuda_graph_block_table(Backend b, Backend target) {
-  translating_errors([&] { (*b).alias_cuda_graph_block_table(*target); });
+  translating_errors("MlaBackend::alias_cuda_graph_block_table", [&] { (*b).alias_cuda_graph_block_table(*target); });
 }
 
 void backend_capture_cuda_graph(Backend b, int64_t bs, int64_t mode) {
-  translating_errors([&] { (*b).init_forward_metadata_capture_cuda_graph(bs, forward_mode(mode)); });
+  translating_errors("MlaBackend::init_forward_metadata_capture_cuda_graph",
+                     [&] { (*b).init_forward_metadata_capture_cuda_graph(bs, forward_mode(mode)); });
 }
 
 void backend_replay_cuda_graph(Backend b, int64_t bs, ffi::TensorView req_pool_indices,
                                ffi::Optional<ffi::TensorView> req_to_page, int64_t num_real,
                                int64_t mode) {
-  translating_errors([&] {
+  translating_errors("MlaBackend::init_forward_metadata_replay_cuda_graph", [&] {
     (*b).init_forward_metadata_replay_cuda_graph(bs, view(req_pool_indices, "req_pool_indices"),
                                                  view(req_to_page, "req_to_page"), num_real,
                                                  forward_mode(mode), b.stream());
@@ -343,7 +355,7 @@ void backend_forward_decode(Backend b, ffi::TensorView q, ffi::TensorView kv_cac
                             ffi::Optional<ffi::TensorView> new_kv,
                             ffi::Optional<ffi::TensorView> new_kv_slots,
                             ffi::Optional<ffi::TensorView> lse) {
-  translating_errors([&] {
+  translating_errors("MlaBackend::forward_decode", [&] {
     std::optional<speedmla::NewTokenKv> write;
     if (new_kv.has_value() != new_kv_slots.has_value())
       throw speedmla::Error("MlaBackend::forward_decode: k and out_cache_loc go together");
@@ -358,7 +370,7 @@ void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorVie
                                     ffi::TensorView v, ffi::TensorView cu_seqlens_q,
                                     ffi::TensorView cu_seqlens_k, bool causal, double softmax_scale,
                                     ffi::TensorView out, ffi::TensorView lse) {
-  translating_errors([&] {
+  translating_errors("MlaBackend::forward_extend_chunked", [&] {
     (*b).forward_extend_chunked(view(q, "q"), view(k, "k"), view(v, "v"),
                                 view(cu_seqlens_q, "cum_seq_lens_q"),
                                 view(cu_seqlens_k, "cum_seq_lens_kv"), causal,
@@ -374,7 +386,7 @@ void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView 
                                   ffi::TensorView scratch_v, ffi::TensorView scratch_out,
                                   ffi::TensorView scratch_lse, ffi::TensorView out,
                                   ffi::TensorView lse, double softmax_scale) {
-  translating_errors([&] {
+  translating_errors("MlaBackend::attend_cached_prefix", [&] {
     const speedmla::PrefixExpander expander = [&](const speedmla::TensorView& latent,
                                                   const speedmla::TensorView& k,
                                                   const speedmla::TensorView& v) {

@@ -9,8 +9,9 @@ takes those integer types otherwise), and outputs of those types come back as su
 
 from __future__ import annotations
 
+import inspect
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ._native import Error, lib
 
@@ -42,6 +43,15 @@ def dtype_name(x: Any) -> str:
 
 def shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape)
+
+
+def dims(x: Any, ndim: int, function: str, name: str) -> tuple[int, ...]:
+    """The shape of `x`, which must have `ndim` dimensions (the operations read sizes from it
+    to allocate outputs before the compiled module checks anything)."""
+    s = tuple(x.shape)
+    if len(s) != ndim:
+        raise Error(f"{function}: {name} must have {ndim} dimensions, got shape {list(s)}")
+    return s
 
 
 def is_cuda(x: Any) -> bool:
@@ -124,3 +134,37 @@ def like(t: Any, reference: Any) -> Any:
     if name in _NUMPY_BITS:
         t = lib().view_as_dtype(t, _NUMPY_BITS[name])
     return np.from_dlpack(t)
+
+
+def _is_array(x: Any) -> bool:
+    return is_torch(x) or is_numpy(x) or hasattr(x, "__dlpack__")
+
+
+# Parameters of the operations that are numbers or flags rather than tensors.
+_FLAGS = ("causal", "return_lse", "dtype")
+
+
+def raise_argument_error(function: Callable, arguments: dict, failure: Exception) -> None:
+    """Called by an operation whose body raised `failure` (its `except` clause, which costs
+    nothing until something is raised): re-raises it as an :class:`Error` naming the argument
+    when a tensor argument is not an array (a list, None, a number) or a scale is not a number,
+    which otherwise fail deep in the call naming nothing of it; re-raises it unchanged otherwise
+    (a speedmla.Error among them). `arguments` is the operation's locals()."""
+    if isinstance(failure, Error):
+        raise failure
+    for name, parameter in inspect.signature(function).parameters.items():
+        value = arguments.get(name)
+        if name in _FLAGS:
+            continue
+        if "scale" in name:
+            try:
+                float(value)
+            except (TypeError, ValueError):
+                raise Error(f"{function.__name__}: {name} must be a number, got "
+                            f"{type(value).__name__}") from failure
+            continue
+        required = parameter.default is inspect.Parameter.empty
+        if (value is not None and not _is_array(value)) or (value is None and required):
+            raise Error(f"{function.__name__}: {name} must be a torch.Tensor, a numpy.ndarray or a "
+                        f"DLPack tensor, got {type(value).__name__}") from failure
+    raise failure

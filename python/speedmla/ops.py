@@ -47,21 +47,24 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
     Returns:
         out, or (out, lse) when return_lse.
     """
-    dims = tz.shape(q)
-    if out is None:
-        out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
-    else:
-        out_arg = tz.arg(out)
-    if lse is None and return_lse:
-        lse, _ = tz.empty(q, dims[:3], "float32")
-    if workspace is None and tz.is_cuda(q):
-        # Allocated through PyTorch (stream-ordered, safe in graph capture); its size comes from a
-        # cache, not from two more calls into the compiled module per decode.
-        workspace, _ = tz.empty(q, (_decode_workspace_bytes(dims[0], dims[2], dims[1], q.device.index),),
-                                "uint8")
-    lib().mla_decode(tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg, tz.arg(lse),
-                     workspace, float(softmax_scale), float(output_scale))
-    return (out, lse) if return_lse else out
+    try:
+        dims = tz.dims(q, 4, "mla_decode", "q")
+        if out is None:
+            out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
+        else:
+            out_arg = tz.arg(out)
+        if lse is None and return_lse:
+            lse, _ = tz.empty(q, dims[:3], "float32")
+        if workspace is None and tz.is_cuda(q):
+            # Allocated through PyTorch (stream-ordered, safe in graph capture); its size comes from a
+            # cache, not from two more calls into the compiled module per decode.
+            workspace, _ = tz.empty(q, (_decode_workspace_bytes(dims[0], dims[2], dims[1], q.device.index),),
+                                    "uint8")
+        lib().mla_decode(tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg, tz.arg(lse),
+                         workspace, float(softmax_scale), float(output_scale))
+        return (out, lse) if return_lse else out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(mla_decode, locals(), failure)
 
 
 def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_scale: float,
@@ -83,16 +86,19 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_sc
     Returns:
         out, or (out, lse) when return_lse.
     """
-    total_q, heads, _ = tz.shape(q)
-    if out is None:
-        out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
-    else:
-        out_arg = tz.arg(out)
-    if lse is None and return_lse:
-        lse, _ = tz.empty(q, (total_q, heads), "float32")
-    lib().mla_prefill(tz.arg(q), tz.arg(k), tz.arg(v), cu_seqlens_q, cu_seqlens_k, out_arg,
-                      tz.arg(lse), bool(causal), float(softmax_scale), float(output_scale))
-    return (out, lse) if return_lse else out
+    try:
+        total_q, heads, _ = tz.dims(q, 3, "mla_prefill", "q")
+        if out is None:
+            out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
+        else:
+            out_arg = tz.arg(out)
+        if lse is None and return_lse:
+            lse, _ = tz.empty(q, (total_q, heads), "float32")
+        lib().mla_prefill(tz.arg(q), tz.arg(k), tz.arg(v), cu_seqlens_q, cu_seqlens_k, out_arg,
+                          tz.arg(lse), bool(causal), float(softmax_scale), float(output_scale))
+        return (out, lse) if return_lse else out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(mla_prefill, locals(), failure)
 
 
 def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None):
@@ -110,14 +116,17 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None):
     Returns:
         (out, lse)
     """
-    if out is None:
-        out, out_arg = tz.empty(out_a, tz.shape(out_a), tz.dtype_name(out_a))
-    else:
-        out_arg = tz.arg(out)
-    if lse is None:
-        lse, _ = tz.empty(out_a, tz.shape(lse_a), "float32")
-    lib().merge_attn_states(tz.arg(out_a), lse_a, tz.arg(out_b), lse_b, out_arg, lse)
-    return out, lse
+    try:
+        if out is None:
+            out, out_arg = tz.empty(out_a, tz.shape(out_a), tz.dtype_name(out_a))
+        else:
+            out_arg = tz.arg(out)
+        if lse is None:
+            lse, _ = tz.empty(out_a, tz.shape(lse_a), "float32")
+        lib().merge_attn_states(tz.arg(out_a), lse_a, tz.arg(out_b), lse_b, out_arg, lse)
+        return out, lse
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(merge_attn_states, locals(), failure)
 
 
 def kv_cache_write(kv_cache, slots, latent, rope, *, scale_inv: float = 1.0) -> None:
@@ -132,7 +141,10 @@ def kv_cache_write(kv_cache, slots, latent, rope, *, scale_inv: float = 1.0) -> 
         latent: [T, 512] and rope: [T, 64], BF16, FP16 or FP32; last dims contiguous.
         scale_inv: multiplies every value before the conversion.
     """
-    lib().kv_cache_write(tz.arg(kv_cache), slots, tz.arg(latent), tz.arg(rope), float(scale_inv))
+    try:
+        lib().kv_cache_write(tz.arg(kv_cache), slots, tz.arg(latent), tz.arg(rope), float(scale_inv))
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(kv_cache_write, locals(), failure)
 
 
 def gather_cache(kv_cache, slots, *, scale: float = 1.0, out=None):
@@ -147,12 +159,16 @@ def gather_cache(kv_cache, slots, *, scale: float = 1.0, out=None):
     Returns:
         out
     """
-    if out is None:
-        out, out_arg = tz.empty(kv_cache, (tz.shape(slots)[0], CACHE_ROW_DIM), "bfloat16")
-    else:
-        out_arg = tz.arg(out)
-    lib().gather_cache(tz.arg(kv_cache), slots, out_arg, float(scale))
-    return out
+    try:
+        if out is None:
+            rows = tz.dims(slots, 1, "gather_cache", "slots")[0]
+            out, out_arg = tz.empty(kv_cache, (rows, CACHE_ROW_DIM), "bfloat16")
+        else:
+            out_arg = tz.arg(out)
+        lib().gather_cache(tz.arg(kv_cache), slots, out_arg, float(scale))
+        return out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(gather_cache, locals(), failure)
 
 
 def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
@@ -165,12 +181,15 @@ def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
     Returns:
         out
     """
-    if out is None:
-        out, out_arg = tz.empty(x, tz.shape(x), "float8_e4m3fn")
-    else:
-        out_arg = tz.arg(out)
-    lib().quantize_fp8(tz.arg(x), out_arg, float(scale_inv))
-    return out
+    try:
+        if out is None:
+            out, out_arg = tz.empty(x, tz.shape(x), "float8_e4m3fn")
+        else:
+            out_arg = tz.arg(out)
+        lib().quantize_fp8(tz.arg(x), out_arg, float(scale_inv))
+        return out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(quantize_fp8, locals(), failure)
 
 
 def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_inv: float = 1.0,
@@ -188,18 +207,21 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
     Returns:
         (k_out, v_out)
     """
-    tokens, heads, _ = tz.shape(k_nope)
-    if k_out is None:
-        k_out, k_arg = tz.empty(k_nope, (tokens, heads, PREFILL_QK_DIM), dtype)
-    else:
-        k_arg = tz.arg(k_out)
-    if v_out is None:
-        v_out, v_arg = tz.empty(k_nope, (tokens, heads, PREFILL_V_DIM), dtype)
-    else:
-        v_arg = tz.arg(v_out)
-    lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg,
-                          float(k_scale_inv), float(v_scale_inv))
-    return k_out, v_out
+    try:
+        tokens, heads, _ = tz.dims(k_nope, 3, "pack_prefill_kv", "k_nope")
+        if k_out is None:
+            k_out, k_arg = tz.empty(k_nope, (tokens, heads, PREFILL_QK_DIM), dtype)
+        else:
+            k_arg = tz.arg(k_out)
+        if v_out is None:
+            v_out, v_arg = tz.empty(k_nope, (tokens, heads, PREFILL_V_DIM), dtype)
+        else:
+            v_arg = tz.arg(v_out)
+        lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg,
+                              float(k_scale_inv), float(v_scale_inv))
+        return k_out, v_out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(pack_prefill_kv, locals(), failure)
 
 
 @functools.lru_cache(maxsize=1024)

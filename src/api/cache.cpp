@@ -9,6 +9,8 @@
 #include "api/check.h"
 #include "kernels/cache/gather_cache.h"
 #include "kernels/cache/kv_cache_write.h"
+#include "kernels/check/value_checks.h"
+#include "speedmla/check.h"
 #include "speedmla/decode.h"
 #include "speedmla/reference.h"
 
@@ -34,6 +36,17 @@ void check_slots(const detail::ArgChecker& check, const TensorView& slots,
   check.defined(slots, "slots", 1);
   check.dtype(slots, "slots", {DType::kInt64});
   check.same_device(slots, "slots", kv_cache.device);
+}
+
+// The check mode (speedmla/check.h): flags slots past the cache. After validation, with the
+// device current.
+void check_slot_values(const char* function, const TensorView& slots, const kernels::PagedCache& cache,
+                       Stream stream) {
+  if (!device_checks_enabled()) return;
+  const kernels::SlotsCheck values{slots.ptr<const int64_t>(), slots.stride(0), slots.size(0), cache.num_slots};
+  if (!slots.is_cuda()) return kernels::check_slots_on_host(values);
+  kernels::run_check_slots(values, stream);
+  detail::check_cuda(cudaGetLastError(), function, "the check mode's validation kernel launch");
 }
 
 }  // namespace
@@ -62,8 +75,9 @@ void validate_kv_cache_write_inputs(const ArgChecker& check, const TensorView& k
 void run_kv_cache_write_validated(const ArgChecker& check, const TensorView& kv_cache, const TensorView& slots,
                                   const TensorView& latent, const TensorView& rope, float scale_inv,
                                   Stream stream) {
+  const DeviceGuard guard(kv_cache.device, check.function());
+  check_slot_values(check.function(), slots, paged_cache(kv_cache), stream);
   if (!kv_cache.is_cuda()) return reference::kv_cache_write(kv_cache, slots, latent, rope, scale_inv);
-  const DeviceGuard guard(kv_cache.device);
   kernels::run_kv_cache_write({.cache = paged_cache(kv_cache),
                                .slots = slots.ptr<const int64_t>(),
                                .slot_stride = slots.stride(0),
@@ -105,8 +119,9 @@ void gather_cache(const TensorView& kv_cache, const TensorView& slots, const Ten
   check.disjoint(out, "out", slots, "slots");
   check.finite(scale, "scale");
 
+  const detail::DeviceGuard guard(kv_cache.device, check.function());
+  check_slot_values(check.function(), slots, cache, stream);
   if (!kv_cache.is_cuda()) return reference::gather_cache(kv_cache, slots, out, scale);
-  const detail::DeviceGuard guard(kv_cache.device);
   kernels::run_gather_cache({.cache = cache,
                              .slots = slots.ptr<const int64_t>(),
                              .slot_stride = slots.stride(0),

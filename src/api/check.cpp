@@ -16,7 +16,22 @@ void ArgChecker::defined(const TensorView& t, const char* name, int ndim) const 
           shape_of(t), ")");
   for (int d = 0; d < t.ndim; ++d)
     require(t.shape[d] >= 0, name, ".shape[", d, "] must be >= 0, got ", t.shape[d]);
+  // Element counts and offsets are int64 everywhere: a view whose count or reach does not fit
+  // (a corrupted shape or stride) would wrap around instead of failing.
+  int64_t count = 1, reach = 0;
+  for (int d = 0; d < t.ndim && count > 0; ++d) {
+    int64_t step = 0;
+    const int64_t stride = t.strides[d] >= 0 ? t.strides[d] : t.strides[d] == INT64_MIN ? INT64_MAX : -t.strides[d];
+    require(t.shape[d] == 0 || (!__builtin_mul_overflow(count, t.shape[d], &count) && count < (int64_t{1} << 60) &&
+                                !__builtin_mul_overflow(t.shape[d] - 1, stride, &step) &&
+                                !__builtin_add_overflow(reach, step, &reach) && reach < (int64_t{1} << 60)),
+            name, " has more than 2^60 elements or offsets (shape ", shape_of(t), ")");
+  }
   require(t.data != nullptr || t.numel() == 0, name, " has a null data pointer");
+  // Every framework aligns elements to their size; a pointer that is not is a mistake (a byte
+  // offset applied to a typed tensor), and reading through it is undefined on the host.
+  require(t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0, name,
+          " data must be aligned to its element size (", dtype_size(t.dtype), " bytes)");
 }
 
 void ArgChecker::dtype(const TensorView& t, const char* name,
@@ -56,6 +71,7 @@ void ArgChecker::same_device(const TensorView& t, const char* name, Device devic
 }
 
 void ArgChecker::non_overlapping(const TensorView& t, const char* name) const {
+  if (t.numel() == 0) return;  // nothing is written (an empty dim may come with any strides)
   std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, size), dims > 1, sorted
   int n = 0;
   for (int d = 0; d < t.ndim; ++d) {
@@ -110,12 +126,12 @@ bool same_view(const TensorView& a, const TensorView& b) {
          std::equal(a.strides.begin(), a.strides.begin() + a.ndim, b.strides.begin());
 }
 
-DeviceGuard::DeviceGuard(Device device) {
+DeviceGuard::DeviceGuard(Device device, const char* function) {
   if (device.kind != DeviceKind::kCUDA) return;
   int current = 0;
-  check_cuda(cudaGetDevice(&current), "DeviceGuard", "cudaGetDevice");
+  check_cuda(cudaGetDevice(&current), function, "cudaGetDevice");
   if (current != device.index) {
-    check_cuda(cudaSetDevice(device.index), "DeviceGuard", "cudaSetDevice");
+    check_cuda(cudaSetDevice(device.index), function, "cudaSetDevice");
     previous_ = current;
   }
 }

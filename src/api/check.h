@@ -55,7 +55,7 @@ class ArgChecker {
     if (!condition) [[unlikely]] fail(parts...);
   }
 
-  // data != nullptr (unless numel == 0), ndim as given.
+  // data != nullptr and aligned to the element size (unless numel == 0), ndim as given.
   void defined(const TensorView& t, const char* name, int ndim) const;
   // dtype is one of the given ones.
   void dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed) const;
@@ -94,7 +94,8 @@ bool same_view(const TensorView& a, const TensorView& b);  // same data, shape a
 // Makes `device` current for the scope (no-op for CPU); restores the previous one.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(Device device);
+  // `function` names the caller in the Error thrown when the device cannot be made current.
+  explicit DeviceGuard(Device device, const char* function = "DeviceGuard");
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

@@ -13,8 +13,10 @@
 #include "api/cache_layout.h"
 #include "api/check.h"
 #include "api/decode_internal.h"
+#include "kernels/check/value_checks.h"
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/workspace.h"
+#include "speedmla/check.h"
 #include "speedmla/reference.h"
 
 namespace speedmla {
@@ -133,6 +135,12 @@ DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const 
                             float softmax_scale, float output_scale) {
   DecodeShape shape = validate_contract(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale,
                                         output_scale);
+  // A workspace the CPU does not use is still checked: a device mix-up or a corrupt view is a
+  // bug of the caller (and a negative extent would pass the GPU's size check as a huge size_t).
+  if (workspace) {
+    check.defined(*workspace, "workspace", workspace->ndim);
+    check.same_device(*workspace, "workspace", q.device);
+  }
   if (!q.is_cuda() || shape.batch == 0) return shape;  // the CPU reference, or nothing to launch
 
   // What the SM90 kernel needs beyond the contract's checks: the arguments first (no CUDA call),
@@ -184,13 +192,18 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
                           const TensorView& out, const std::optional<TensorView>& lse,
                           const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
                           Stream stream) {
+  // The check mode's view of the device-side values (speedmla/check.h).
+  const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
+                                          block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
+                                          shape.num_pages, shape.q_len};
   if (!q.is_cuda()) {
+    if (device_checks_enabled()) kernels::check_decode_values_on_host(values);
     reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
     return;
   }
   if (shape.batch == 0) return;
 
-  DeviceGuard guard(q.device);
+  DeviceGuard guard(q.device, check.function());
   const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms);
   dk::DecodeLaunch launch{};
   launch.fp8 = q.dtype == DType::kFloat8E4M3;
@@ -223,6 +236,10 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
   launch.layout = layout;
   launch.softmax_scale = softmax_scale;
   launch.output_scale = output_scale;
+  if (device_checks_enabled()) {
+    kernels::run_check_decode_values(values, stream);
+    check_cuda(cudaGetLastError(), check.function(), "the check mode's validation kernel launch");
+  }
   const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream));
   check.require(status.tensor_map == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ",
                 status.tensor_map, ")");

@@ -55,7 +55,7 @@ void merge_attn_states(const TensorView& out_a, const TensorView& lse_a, const T
   }
 
   if (!out_a.is_cuda()) return reference::merge_attn_states(out_a, lse_a, out_b, lse_b, out, lse);
-  const detail::DeviceGuard guard(out_a.device);
+  const detail::DeviceGuard guard(out_a.device, check.function());
   kernels::run_merge_attn_states({.out_a = out_a.data,
                                   .out_a_dtype = out_a.dtype,
                                   .out_a_stride_token = out_a.stride(0),

@@ -4,8 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include "api/check.h"
+#include "kernels/check/value_checks.h"
 #include "kernels/prefill/sm90/launch.h"
 #include "reference/element.h"
+#include "speedmla/check.h"
 #include "speedmla/decode.h"
 #include "speedmla/reference.h"
 
@@ -48,8 +50,13 @@ void run_on_gpu(const detail::ArgChecker& check, const TensorView& q, const Tens
   check.require(k.size(0) < kMaxRows, "k.shape[0] must be < 2^31 on the GPU, got ", k.size(0));
   check.require(cu_seqlens_q.size(0) <= (int64_t{1} << 30), "cu_seqlens_q must have at most 2^30 entries, got ",
                 cu_seqlens_q.size(0));
-  detail::DeviceGuard guard(q.device);
+  detail::DeviceGuard guard(q.device, check.function());
   detail::require_sm90(check, q.device);
+  if (device_checks_enabled()) {
+    kernels::run_check_cu_seqlens({cu_seqlens_q.ptr<const int32_t>(), cu_seqlens_q.size(0), q.size(0)}, stream);
+    kernels::run_check_cu_seqlens({cu_seqlens_k.ptr<const int32_t>(), cu_seqlens_k.size(0), k.size(0)}, stream);
+    detail::check_cuda(cudaGetLastError(), check.function(), "the check mode's validation kernel launch");
+  }
   const kernels::prefill_sm90::PrefillViews views{
       q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse ? &*lse : nullptr, causal, softmax_scale, output_scale,
       device_sm_count(q.device.index)};

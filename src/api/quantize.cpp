@@ -90,7 +90,7 @@ void validate_quantize_output(const ArgChecker& check, const TensorView& x, cons
 void run_quantize_fp8_validated(const ArgChecker& check, const TensorView& x, const TensorView& out,
                                 float scale_inv, Stream stream) {
   if (!x.is_cuda()) return reference::quantize_fp8(x, out, scale_inv);
-  const DeviceGuard guard(x.device);
+  const DeviceGuard guard(x.device, check.function());
   kernels::run_quantize_fp8(quantize_params(x, out, scale_inv), stream);
   check_cuda(cudaGetLastError(), check.function(), "kernel launch");
 }
@@ -148,7 +148,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
 
   if (!k_nope.is_cuda())
     return reference::pack_prefill_kv(k_nope, k_rope, v, k_out, v_out, k_scale_inv, v_scale_inv);
-  const detail::DeviceGuard guard(k_nope.device);
+  const detail::DeviceGuard guard(k_nope.device, check.function());
   kernels::run_pack_prefill_kv({.k_nope = k_nope.data,
                                 .k_nope_dtype = k_nope.dtype,
                                 .k_nope_stride_token = k_nope.stride(0),

@@ -480,6 +480,9 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   const bool fp8 = s.config.kv_cache_dtype == DType::kFloat8E4M3;
   c.require(!fp8 || (k_scale > 0 && k_scale < std::numeric_limits<float>::infinity()),
             "k_scale must be positive and finite, got ", k_scale);
+  // Named as the engine passes it: mla_decode's own check would name softmax_scale.
+  c.require(scaling > 0 && scaling < std::numeric_limits<float>::infinity(), "scaling must be positive and finite, got ",
+            scaling);
   // Workspace: the decode bound for this batch (GPU), then room for FP8 queries. Acquired before
   // anything is launched, so that a call refused during capture leaves no work. Metadata from a
   // graph capture or replay uses the graphs' buffer, other calls their stream's (workspace.h);

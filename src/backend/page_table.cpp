@@ -4,6 +4,8 @@
 
 #include "api/check.h"
 #include "kernels/backend/page_table.h"
+#include "kernels/check/value_checks.h"
+#include "speedmla/check.h"
 
 namespace speedmla::detail {
 
@@ -32,6 +34,16 @@ kernels::PageTable describe(const ArgChecker& c, const TensorView& req_to_page,
   };
 }
 
+// The check mode (speedmla/check.h): flags pool indices of the first `rows` rows out of range.
+// With the device current.
+void check_pool_indices(const char* caller, const kernels::PageTable& pages, int64_t rows, bool cuda,
+                        Stream stream) {
+  if (!device_checks_enabled()) return;
+  if (!cuda) return kernels::check_pool_indices_on_host({pages, rows});
+  kernels::run_check_pool_indices({pages, rows}, stream);
+  check_cuda(cudaGetLastError(), caller, "the check mode's validation kernel launch");
+}
+
 }  // namespace
 
 void build_block_table(const char* caller, const TensorView& req_to_page,
@@ -46,8 +58,9 @@ void build_block_table(const char* caller, const TensorView& req_to_page,
       .block_table_stride = block_table.strides[0],
       .block_table_width = block_table.shape[1],
   };
+  DeviceGuard guard(block_table.device, caller);
+  check_pool_indices(caller, params.pages, num_valid_rows, block_table.is_cuda(), stream);
   if (!block_table.is_cuda()) return kernels::build_block_table_on_host(params);
-  DeviceGuard guard(block_table.device);
   kernels::run_build_block_table(params, stream);
   check_cuda(cudaGetLastError(), caller, "the block-table kernel launch");
 }
@@ -64,8 +77,9 @@ void build_range_slots(const char* caller, const TensorView& req_to_page,
       .page_size = page_size,
       .slots = slots.ptr<int64_t>(),
   };
+  DeviceGuard guard(slots.device, caller);
+  check_pool_indices(caller, params.pages, num_rows, slots.is_cuda(), stream);
   if (!slots.is_cuda()) return kernels::range_slots_on_host(params);
-  DeviceGuard guard(slots.device);
   kernels::run_range_slots(params, stream);
   check_cuda(cudaGetLastError(), caller, "the slot-list kernel launch");
 }

@@ -1,9 +1,14 @@
 #include "common/decode_problem.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
+
+#include "common/error_budget.h"
 
 namespace speedmla::test {
 
@@ -76,6 +81,59 @@ DecodeProblem make_decode_problem(const DecodeProblemSpec& spec) {
   pb.q = HostTensor(spec.dtype, {B, spec.q_len, spec.heads, kCacheRowDim});
   fill_uniform(pb.q, rng, -1.0, 1.0);
   return pb;
+}
+
+DecodeResult run_reference(const DecodeProblem& pb) {
+  const auto& s = pb.spec;
+  DecodeResult r{HostTensor(DType::kBFloat16, {s.batch, s.q_len, s.heads, kLatentDim}),
+                 HostTensor(DType::kFloat32, {s.batch, s.q_len, s.heads})};
+  mla_decode(pb.q.view(), pb.kv_cache, pb.block_table.view(), pb.seq_lens.view(), r.out.view(), r.lse.view(),
+             std::nullopt, s.softmax_scale, s.output_scale);
+  return r;
+}
+
+DeviceProblem::DeviceProblem(const DecodeProblem& pb)
+    : q(pb.q), cache_storage(pb.cache_storage), block_table(pb.block_table), seq_lens(pb.seq_lens) {
+  const auto& s = pb.spec;
+  kv_cache = pb.kv_cache;
+  kv_cache.data = cache_storage.view().data;
+  kv_cache.device = cache_storage.view().device;
+  out = DeviceTensor(DType::kBFloat16, {s.batch, s.q_len, s.heads, kLatentDim});
+  lse = DeviceTensor(DType::kFloat32, {s.batch, s.q_len, s.heads});
+  const size_t bytes = mla_decode_workspace_size(s.batch, s.heads, s.q_len, device_sm_count(q.view().device.index));
+  workspace = DeviceTensor(DType::kUInt8, {static_cast<int64_t>(bytes)});
+}
+
+void DeviceProblem::run(const DecodeProblemSpec& s, Stream stream) {
+  mla_decode(q.view(), kv_cache, block_table.view(), seq_lens.view(), out.view(), lse.view(), workspace.view(),
+             s.softmax_scale, s.output_scale, stream);
+}
+
+// Every request on its own, and every row's LSE: one entirely wrong request in a batch of 5000
+// moves the batch's aggregate rel. L2 by ~0.014, well inside the FP8 bound. The aggregate is
+// printed; the first few failing requests are named with their lengths.
+void expect_matches(const DecodeResult& gpu, const DecodeResult& ref, const DecodeProblemSpec& spec) {
+  const ErrorStats out = compare(gpu.out, ref.out);
+  const ErrorStats lse = compare(gpu.lse, ref.lse);
+  std::printf("[ decode ] %-60s out %s | lse max_abs=%.3g\n", spec.name().c_str(), out.summary().c_str(),
+              lse.max_abs);
+  int64_t wrong = 0;
+  std::string first_wrong;
+  double worst_rel_l2 = 0;
+  for (int64_t b = 0; b < spec.batch; ++b) {
+    const ErrorStats o = compare_rows(gpu.out, ref.out, b, b + 1);
+    const ErrorStats l = compare_rows(gpu.lse, ref.lse, b, b + 1);  // max_abs: the worst row of b
+    worst_rel_l2 = std::max(worst_rel_l2, o.rel_l2);
+    const bool ok = o.nonfinite == 0 && o.mismatched_inf == 0 && o.rel_l2 < decode_bounds(spec.dtype).out_rel_l2 &&
+                    l.nonfinite == 0 && l.mismatched_inf == 0 && l.max_abs < decode_bounds(spec.dtype).lse_max_abs;
+    if (!ok && ++wrong <= 5)
+      first_wrong += "\n  request " + std::to_string(b) + " (seq_len " + std::to_string(spec.seq_lens[b]) +
+                     "): out " + o.summary() + " | lse " + l.summary();
+  }
+  record_error("mla_decode", spec.dtype, worst_rel_l2, out.max_abs, lse.max_abs);
+  EXPECT_EQ(wrong, 0) << spec.name() << ": " << wrong << " of " << spec.batch
+                      << " requests off (out rel_l2 bound " << decode_bounds(spec.dtype).out_rel_l2 << ", lse max_abs bound "
+                      << decode_bounds(spec.dtype).lse_max_abs << "); the test's SPEEDMLA_TEST_SEED is printed above" << first_wrong;
 }
 
 }  // namespace speedmla::test

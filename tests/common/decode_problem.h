@@ -34,6 +34,31 @@ struct DecodeProblem {
 
 DecodeProblem make_decode_problem(const DecodeProblemSpec& spec);
 
+// The outputs of one decode problem, on the host.
+struct DecodeResult {
+  HostTensor out, lse;  // [B, q_len, H, 512] BF16, [B, q_len, H] FP32
+};
+
+// The CPU reference of the problem (the public mla_decode on its host tensors).
+DecodeResult run_reference(const DecodeProblem& pb);
+
+// The problem's tensors on the current device (the cache keeps its strided layout), with
+// outputs and a workspace sized for it.
+struct DeviceProblem {
+  DeviceTensor q, cache_storage, block_table, seq_lens, out, lse, workspace;
+  TensorView kv_cache;
+
+  explicit DeviceProblem(const DecodeProblem& pb);
+  void run(const DecodeProblemSpec& s, Stream stream = nullptr);  // mla_decode into out and lse
+  DecodeResult download() const { return {out.to_host(), lse.to_host()}; }
+};
+
+// Compares a GPU result with the reference request by request (every request's output rel. L2
+// and every row's LSE against decode_bounds: one wrong request among thousands barely moves an
+// aggregate), prints "[ decode ] ..." and the error-budget line, and adds one gtest failure
+// naming the first few requests off.
+void expect_matches(const DecodeResult& gpu, const DecodeResult& ref, const DecodeProblemSpec& spec);
+
 // Draws `batch` lengths in [lo, hi] (inclusive), log-uniformly so both ends show up.
 std::vector<int32_t> random_lengths(std::mt19937_64& rng, int64_t batch, int32_t lo, int32_t hi);
 

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "backend/views.h"
+#include "common/error_budget.h"
 #include "speedmla/reference.h"
 
 namespace speedmla::test {
@@ -247,6 +248,7 @@ void expect_within(const PrefillProblem& pb, const PrefillErrors& errors, const 
 void report(const PrefillProblem& pb, double worst_out, double worst_lse, const std::string& note) {
   std::printf("[ prefill ] %-58s out rel_l2=%.3g lse max_abs=%.3g%s%s\n", pb.spec.label().c_str(), worst_out,
               worst_lse, note.empty() ? "" : " ", note.c_str());
+  record_error("mla_prefill", pb.spec.dtype, worst_out, -1, worst_lse);
 }
 
 }  // namespace speedmla::test

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/decode_problem.h"
+#include "common/error_budget.h"
 #include "common/util.h"
 #include "cpu/backend_testing.h"
 #include "speedmla/backend.h"
@@ -108,8 +109,6 @@ MlaBackendConfig decode_config(DType dtype, Device device) {
   return config;
 }
 
-double output_bound(DType dtype) { return dtype == DType::kFloat8E4M3 ? 6e-2 : 1e-2; }
-
 TEST(BackendGpu, DecodeStepMatchesTheCpuBackend) {
   SPEEDMLA_REQUIRE_GPU();
   std::mt19937_64 rng(5);
@@ -152,7 +151,7 @@ TEST(BackendGpu, DecodeStepMatchesTheCpuBackend) {
         << dtype_name(dtype) << ": the KV write must be bit-exact";
     const ErrorStats err = compare(d_out.to_host(), expected);
     EXPECT_EQ(err.nonfinite, 0) << dtype_name(dtype);
-    EXPECT_LT(err.rel_l2, output_bound(dtype)) << dtype_name(dtype) << " " << err.summary();
+    EXPECT_LT(err.rel_l2, decode_bounds(dtype).out_rel_l2) << dtype_name(dtype) << " " << err.summary();
   }
 }
 
@@ -210,7 +209,7 @@ TEST(BackendGpu, CapturedGraphReplaysWithThreeBatches) {
     std::memcpy(got.view().data, out.view().data, got.nbytes());
     const ErrorStats err = compare(got, expected);
     EXPECT_EQ(err.nonfinite, 0) << "step " << step;
-    EXPECT_LT(err.rel_l2, output_bound(dtype)) << "step " << step << " " << err.summary();
+    EXPECT_LT(err.rel_l2, decode_bounds(dtype).out_rel_l2) << "step " << step << " " << err.summary();
     for (int64_t i = got.numel(); i < out.numel(); ++i)  // padded rows: one key, finite
       ASSERT_TRUE(std::isfinite(get(out, i))) << "padded row element " << i;
   }
@@ -321,7 +320,7 @@ TEST(BackendGpu, TwoStreamsDecodeConcurrentlyEachAgainstTheReference) {
     for (int64_t r = 0; r < kBatch; ++r) {
       const ErrorStats err = compare_rows(got, b.expected, r, r + 1);
       EXPECT_EQ(err.nonfinite, 0) << what << " request " << r << " seed " << seed;
-      EXPECT_LT(err.rel_l2, output_bound(DType::kBFloat16)) << what << " request " << r << " " << err.summary()
+      EXPECT_LT(err.rel_l2, decode_bounds(DType::kBFloat16).out_rel_l2) << what << " request " << r << " " << err.summary()
                                                             << " seed " << seed;
     }
   };

@@ -220,18 +220,22 @@ TEST(CacheGpuGraph, WriteAndGatherReplayWithNewData) {
   cudaStreamDestroy(stream);
 }
 
-// A cache view of more than 2^31 elements (2.5 GB of FP8): writes and gathers past element 2^31
-// must land where 64-bit addressing puts them. The touched rows are compared with a small CPU
-// cache holding the same rows at remapped slots; rows next to them must stay poisoned.
-TEST(CacheGpuLarge, SlotsBeyondTwoGigaElements) {
+// A cache view of more than 2^31 elements (2.5 GB of FP8, 5 GB of BF16): writes and gathers past
+// element 2^31 must land where 64-bit addressing puts them. The touched rows are compared with a
+// small CPU cache holding the same rows at remapped slots; rows next to them must stay poisoned.
+class CacheGpuLarge : public testing::TestWithParam<DType> {};
+
+TEST_P(CacheGpuLarge, SlotsBeyondTwoGigaElements) {
   SPEEDMLA_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const auto esize = static_cast<int64_t>(dtype_size(dtype));
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   if (free_bytes < (size_t{16} << 30)) GTEST_SKIP() << "needs > 16 GB free, has " << (free_bytes >> 20) << " MB";
   std::mt19937_64 rng = seeded_rng();
   constexpr int64_t kPageSize = 64, kPages = 67817;  // 67817 * 64 * 576 = 2.50e9 elements
   constexpr int64_t kSlots = kPages * kPageSize, kBoundary = (int64_t{1} << 31) / kCacheRowDim;
-  DeviceTensor cache(DType::kFloat8E4M3, {kPages, kPageSize, kCacheRowDim});
+  DeviceTensor cache(dtype, {kPages, kPageSize, kCacheRowDim});
   cache.fill_bytes(0xFF);
 
   // Slots around element 2^31, at the very end, near the start; padding and past-the-end ones.
@@ -252,7 +256,7 @@ TEST(CacheGpuLarge, SlotsBeyondTwoGigaElements) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   // The CPU twin: token i at slot i of a one-row-per-page cache; padding and past-the-end kept.
-  HostTensor small(DType::kFloat8E4M3, {tokens, 1, kCacheRowDim});
+  HostTensor small(dtype, {tokens, 1, kCacheRowDim});
   fill_bytes(small, 0xFF);
   HostTensor small_slots(DType::kInt64, {tokens});
   for (int64_t i = 0; i < tokens; ++i)
@@ -262,25 +266,26 @@ TEST(CacheGpuLarge, SlotsBeyondTwoGigaElements) {
   EXPECT_TRUE(bitwise_equal(out.download(), out.host));
 
   const auto* base = static_cast<const uint8_t*>(cache.view().data);
-  std::vector<uint8_t> row(kCacheRowDim);
+  const int64_t row_bytes = kCacheRowDim * esize;
+  std::vector<uint8_t> row(row_bytes);
   for (int64_t i = 0; i < tokens; ++i) {
     if (slots[i] < 0 || slots[i] >= kSlots) continue;
     SCOPED_TRACE(testing::Message() << "slot " << slots[i]);
-    ASSERT_EQ(cudaMemcpy(row.data(), base + slots[i] * kCacheRowDim, kCacheRowDim, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_TRUE(std::equal(row.begin(), row.end(), small.data<uint8_t>() + i * kCacheRowDim));
+    ASSERT_EQ(cudaMemcpy(row.data(), base + slots[i] * row_bytes, row_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(std::equal(row.begin(), row.end(), small.data<uint8_t>() + i * row_bytes));
     for (const int64_t neighbour : {slots[i] - 1, slots[i] + 1}) {
       if (neighbour < 0 || neighbour >= kSlots ||
           std::find(slots.begin(), slots.end(), neighbour) != slots.end())
         continue;
-      ASSERT_EQ(cudaMemcpy(row.data(), base + neighbour * kCacheRowDim, kCacheRowDim,
-                           cudaMemcpyDeviceToHost),
-                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(row.data(), base + neighbour * row_bytes, row_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](uint8_t b) { return b == 0xFF; }))
           << "neighbour slot " << neighbour << " was written";
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CacheGpuLarge, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
+                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace
 }  // namespace speedmla::test

@@ -17,26 +17,17 @@
 #include <vector>
 
 #include "backend/views.h"
+#include "common/error_budget.h"
 #include "common/prefill_problem.h"
 #include "common/util.h"
 
 namespace speedmla::test {
 namespace {
 
-// Error bounds, per request.
-// BF16: scores in FP32 from exact BF16 inputs; P and the output are rounded to BF16 (a few 1e-3
-// at most). LSE: only FP32 rounding and exp2 approximations (~1e-5).
-// FP8: P is rounded to e4m3 (3 mantissa bits, up to 6 % per weight) before P·V: emulated in
-// NumPy on this data (P·2^7 rounded to e4m3, normalised by the rounded sums), 0.9e-2 per request
-// at 8 rows to 2.5e-2 at a thousand non-causal rows. A real bug costs far more: the wrong head or row gives an unrelated output (rel. L2
-// about 1.4), an off-by-one mask changes the early causal rows by order one (a request's rel.
-// L2 0.3-0.5 at a thousand rows), a dropped key tile 0.25 or more. The only bug FP8 cannot see,
-// one key missing from a row of a thousand (3 %), BF16 sees: both dtypes share the masking.
-// FP8 LSE: exact when the kernel sums the unrounded weights, up to ~2-3e-2 on short rows when
-// it sums the e4m3-rounded ones; a wrong scale, max or base moves it by whole units, and a mask
-// bug in the first causal rows by ~0.5.
+// Bounds per request: tests/common/error_budget.h (prefill_bounds).
 PrefillBounds bounds(DType dtype) {
-  return dtype == DType::kFloat8E4M3 ? PrefillBounds{6e-2, 4e-2} : PrefillBounds{5e-3, 2e-3};
+  const ErrorBounds b = prefill_bounds(dtype);
+  return {b.out_rel_l2, b.lse_max_abs};
 }
 
 // Runs one problem on the GPU, compares every request with the reference, reports and asserts.

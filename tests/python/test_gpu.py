@@ -1,8 +1,8 @@
 """speedmla with PyTorch on a CUDA device: operations against their CPU path, a decode step
 through the backend against the CPU backend (the reference), a torch.cuda.graph captured once
-and replayed with three different batches, mla_prefill against a float64 reference, and the
-chunked prefill through the backend against its CPU path. Skipped without PyTorch or a CUDA
-device."""
+and replayed with three different batches, mla_prefill against a float64 reference, the
+chunked prefill through the backend against its CPU path, and broken CUDA calls refused with a
+clear error. Skipped without PyTorch or a CUDA device."""
 
 from types import SimpleNamespace
 
@@ -273,3 +273,37 @@ def test_chunked_prefill_on_the_gpu_equals_the_cpu_path(dtype):
     out_bound, lse_bound = {"bfloat16": (2e-2, 1e-3), "float8_e4m3fn": (8e-2, 4e-2)}[dtype]
     assert rel_l2(results["cuda"][0], results["cpu"][0]) < out_bound
     torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=lse_bound, atol=lse_bound)
+
+
+@pytest.mark.parametrize("break_call, message", [
+    # A CPU tensor among CUDA ones, and the reverse: refused before anything is read.
+    (lambda a: a.update(block_table=a["block_table"].cpu()), "mla_decode: block_table must be on cuda"),
+    (lambda a: a.update(q=a["q"].cpu(), out=None), "mla_decode: kv_cache must be on cpu"),
+    # Types PyTorch has and the operations do not take, or not an array at all.
+    (lambda a: a.update(seq_lens=a["seq_lens"].double()), "mla_decode: seq_lens"),
+    (lambda a: a.update(seq_lens=a["seq_lens"].tolist()), "mla_decode: seq_lens must be a torch.Tensor"),
+    # Layouts the kernels cannot take.
+    (lambda a: a.update(q=torch.cat([a["q"], a["q"]], dim=-1)[..., ::2]),
+     "mla_decode: q must be contiguous in its last dimension"),
+    (lambda a: a.update(kv_cache=a["kv_cache"][:, :12]), "mla_decode: kv_cache.shape[1] (page_size) must be"),
+    (lambda a: a.update(softmax_scale=float("nan")), "mla_decode: softmax_scale must be finite"),
+])
+def test_bad_cuda_calls_raise_clear_errors(break_call, message):
+    """Deterministic breakages of a valid CUDA decode call: each raises speedmla.Error naming the
+    operation and the argument, and leaves the device usable (a valid call runs after it)."""
+    generator = torch.Generator().manual_seed(5)
+    args = dict(q=torch.rand(2, 1, HEADS, 576, generator=generator).to("cuda", torch.bfloat16),
+                kv_cache=random_cache("bfloat16", generator).reshape(-1, PAGE, 576).to("cuda"),
+                block_table=req_to_page("cuda")[:2],
+                seq_lens=torch.tensor([5, 40], dtype=torch.int32, device="cuda"), softmax_scale=0.05, out=None)
+    break_call(args)
+    with pytest.raises(speedmla.Error) as info:
+        speedmla.mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("block_table"), args.pop("seq_lens"),
+                            **args)
+    assert message in str(info.value), str(info.value)
+    q = torch.zeros(1, 1, HEADS, 576, dtype=torch.bfloat16, device="cuda")
+    cache = torch.zeros(2, PAGE, 576, dtype=torch.bfloat16, device="cuda")
+    out = speedmla.mla_decode(q, cache, torch.ones(1, 1, dtype=torch.int32, device="cuda"),
+                              torch.ones(1, dtype=torch.int32, device="cuda"), softmax_scale=0.05)
+    torch.cuda.synchronize()
+    assert out.abs().sum().item() == 0
