@@ -18,8 +18,7 @@
 # racecheck and synccheck, and initcheck on the tests whose inputs are all written before use.
 # The tests print "[ budget ]" lines (tests/common/error_budget.h); the worst error per
 # operation and dtype goes to error_budget.md in the log folder (docs/error-budget.md).
-# PrefillCuSeqlensOverflow runs in its own process: it is known to fault until the prefill
-# kernel's tile search is fixed (docs/device-values.md, "Known gap"). --bench-args go to the decode
+# --bench-args go to the decode
 # benchmark; the prefill grid (speedmla-bench --prefill) runs after it with its defaults.
 # --host-cost also measures the host time per mla_decode call, C++ (build/speedmla-host-cost)
 # and Python (bench/host_cost.py, with the packages the Python GPU tests installed into the
@@ -56,9 +55,7 @@ summary+=("gpu: $(head -1 "$logs/gpu.txt")  build of: $commit")
 status=0
 if [ "$run_tests" = 1 ]; then
   # Line-buffered, with a time limit: a hung kernel must still leave its log behind.
-  # The known overflow test stays out of this process (an illegal address would end it).
-  case "$filter" in *-*) main_filter="$filter:PrefillCuSeqlensOverflow.*" ;; *) main_filter="$filter-PrefillCuSeqlensOverflow.*" ;; esac
-  timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$main_filter" \
+  timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" \
     > "$logs/gpu_tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
@@ -93,13 +90,6 @@ if [ "$run_tests" = 1 ]; then
     } > "$logs/error_budget.md"
     summary+=("error budget: $logs/error_budget.md")
     while IFS= read -r line; do summary+=("  $line"); done < <(grep '^| [a-zA-Z]' "$logs/error_budget.md" | grep -v '^| operation')
-  fi
-  if [ "$filter" = "*" ]; then
-    timeout 120 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter='PrefillCuSeqlensOverflow.*' \
-      > "$logs/gpu_tests_overflow.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && status=1
-    summary+=("prefill cu_seqlens near INT_MIN, own process (rc=$rc; fails until the find_tile fix): $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logs/gpu_tests_overflow.log" | tr '\n' ' ')")
   fi
   # The Python tests take no GoogleTest filter: they run with the full set only.
   if [ "$filter" = "*" ] && [ "$wheel" = 1 ]; then
