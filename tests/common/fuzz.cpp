@@ -692,6 +692,10 @@ std::string within_tolerance(const Case& c, const Arg& a, const HostTensor& actu
   switch (c.op) {
     case Op::kDecode:
     case Op::kPrefill:
+      // A softmax_scale so large that FP32 loses score differences of a whole exponent unit
+      // (the kernels' softmax arithmetic) leaves the problem ill-conditioned there: only the
+      // never-out-of-bounds rule applies (docs/device-values.md, "softmax_scale").
+      if (c.scale_a > 1e4f) return "";
       bound = lse ? (fp8 ? 4e-2 : 2e-3) : (fp8 ? 6e-2 : 1e-2);
       break;
     case Op::kMerge: bound = lse ? 1e-5 : (a.dtype == DType::kBFloat16 ? 8e-3 : 1e-5); break;

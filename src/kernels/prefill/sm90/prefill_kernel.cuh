@@ -264,8 +264,10 @@ struct PrefillKernel {
       sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], c * kChunkDims, kv_head, first_key);
   }
 
-  // Makes a landed value block readable by the P·V: all four producer warps.
+  // Makes a landed value block readable by the P·V: all four producer warps. BF16 reads a full
+  // block as loaded (wait_values): only a partial one is prepared and signalled.
   static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
+    if (!kFp8 && valid >= kBlockKeys) return;
     const int stage = at.stage();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
@@ -284,7 +286,7 @@ struct PrefillKernel {
                                                                                                       group, valid, lane);
       }
       sm90::mbarrier_arrive(&s.v_raw_free[stage]);
-    } else if (valid < kBlockKeys) {
+    } else {
       const uint32_t values = sm90::smem_u32(s.v[stage]);
       const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
       for (int i = threadIdx.x; i < kVChunks * pieces; i += kWarpgroupThreads)
@@ -396,13 +398,24 @@ struct PrefillKernel {
   }
 
   // Waits until value block `block` of the tile (in pipeline position `at`) may be read by the
-  // P·V. FP8 reads the producer's V^T. BF16 reads the block as TMA wrote it, so a full block
-  // waits for the transfer alone: the producer signals v_ready only after issuing the next
-  // block's loads, which wait for an earlier P·V of both consumers — that would put the other
-  // consumer's softmax on this one's path. A partial block waits for its zeroed tail rows.
-  static __device__ void wait_values(SharedStorage& s, sm90::PipelineState<kStages> at, int block, int len_k) {
-    const bool as_loaded = !kFp8 && len_k - block * kBlockKeys >= kBlockKeys;
-    sm90::mbarrier_wait(as_loaded ? &s.v_landed[at.stage()] : &s.v_ready[at.stage()], at.full_parity());
+  // P·V. FP8 reads the producer's V^T (v_ready completes once per use of a stage). BF16 reads
+  // the block as TMA wrote it, so a full block waits for the transfer alone: the producer works
+  // on a block only after issuing the next block's loads, which wait for an earlier P·V of both
+  // consumers — that would put the other consumer's softmax on this one's path. A partial block
+  // waits for its zeroed tail rows: BF16's v_ready completes only for those, so its phases are
+  // counted per stage in `tail_phases` (a bit per stage; at most one is pending per stage, as the
+  // stage is not reloaded before this P·V has read it).
+  static __device__ void wait_values(SharedStorage& s, sm90::PipelineState<kStages> at, int block, int len_k,
+                                     uint32_t& tail_phases) {
+    const int stage = at.stage();
+    if constexpr (kFp8) {
+      sm90::mbarrier_wait(&s.v_ready[stage], at.full_parity());
+    } else if (len_k - block * kBlockKeys >= kBlockKeys) {
+      sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
+    } else {
+      sm90::mbarrier_wait(&s.v_ready[stage], (tail_phases >> stage) & 1u);
+      tail_phases ^= 1u << stage;
+    }
   }
 
   static __device__ void release(uint64_t* bar) {
@@ -418,6 +431,7 @@ struct PrefillKernel {
     uint32_t probs[kProbRegs];
     Softmax softmax;
     sm90::PipelineState<kStages> blocks;
+    uint32_t tail_phases = 0;  // BF16: wait_values
     // Consumer 0 issues first; its last turn is matched by a final wait below.
     if (me == 1) sm90::named_barrier_arrive(kBarTurn0, kTurnThreads);
 
@@ -468,7 +482,7 @@ struct PrefillKernel {
           sm90::named_barrier_sync(my_turn, kTurnThreads);
           issue_scores(s, stage, me, scores);
           attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
-          wait_values(s, previous, j - 1, t.len_k);
+          wait_values(s, previous, j - 1, t.len_k, tail_phases);
           issue_values(s, previous.stage(), probs, acc);
           sm90::named_barrier_arrive(their_turn, kTurnThreads);
           // S(j) is the older group in flight: wait for it alone; P·V(j - 1) runs on while
@@ -485,7 +499,7 @@ struct PrefillKernel {
         }
         attention::scale_rows<false>(acc, factor[0], factor[1]);
         stage = blocks.stage();
-        wait_values(s, blocks, n - 1, t.len_k);
+        wait_values(s, blocks, n - 1, t.len_k, tail_phases);
         issue_values(s, stage, probs, acc);
         retire_all();
         release(&s.v_free[stage]);
