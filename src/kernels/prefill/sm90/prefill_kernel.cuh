@@ -265,12 +265,14 @@ struct PrefillKernel {
   }
 
   // Makes a landed value block readable by the P·V: all four producer warps. BF16 reads a full
-  // block as loaded (wait_values): only a partial one is prepared and signalled.
+  // block as loaded (wait_values): only a partial one is prepared and signalled. Every block's
+  // landing is still waited for: it keeps the producer warps in step with the ring, as parity
+  // waits need (a warp that ran ahead would take an older phase of a stage for its own).
   static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
-    if (!kFp8 && valid >= kBlockKeys) return;
     const int stage = at.stage();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
+    if (!kFp8 && valid >= kBlockKeys) return;
     if constexpr (kFp8) {
       sm90::mbarrier_wait(&s.v_free[stage], at.free_parity());  // the P·V that read this V^T stage
       const uint32_t src = sm90::smem_u32(s.v[stage]), vt = sm90::smem_u32(s.vt[stage]);
