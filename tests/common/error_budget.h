@@ -25,8 +25,9 @@ ErrorBounds decode_bounds(DType dtype);
 // mla_prefill, per request. BF16: scores in FP32 from exact BF16 inputs; P and the output are
 // rounded to BF16 (a few 1e-3 at most); LSE only sees FP32 rounding and exp2 (~1e-5). FP8: P is
 // rounded to e4m3 before P·V: emulated in NumPy, 0.9e-2 per request at 8 rows to 2.5e-2 at a
-// thousand non-causal rows; the LSE up to ~2-3e-2 on short rows when the kernel sums the
-// rounded weights. A wrong head or row costs a rel. L2 of ~1.4, an off-by-one causal mask
+// thousand non-causal rows. The LSE comes from the FP32 sums of P; the FP8 score accumulation
+// (~14 bits, as decode's) moves it by up to 2.2e-2 on sharp softmaxes (H200, 2026-12-01). A wrong
+// head or row costs a rel. L2 of ~1.4, an off-by-one causal mask
 // 0.3-0.5, a dropped key tile 0.25 or more.
 ErrorBounds prefill_bounds(DType dtype);
 
