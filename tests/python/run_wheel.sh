@@ -55,6 +55,17 @@ else
   pip=("$python" -m pip --python "$venv_python")
 fi
 pip+=(install --quiet --disable-pip-version-check "${pip_index[@]}" --find-links "$wheels")
+# --system-site-packages reaches the *base* interpreter's packages. When the creating Python is
+# itself a virtual environment (the GPU machine's python3 is /opt/torch/.venv/bin/python3, where
+# PyTorch and NumPy live), its own site-packages are added with a .pth file, after the new
+# environment's (which therefore win).
+if [ ${#venv_args[@]} -gt 0 ]; then
+  own_site=$("$python" -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')
+  if [ -n "$own_site" ]; then
+    venv_site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$own_site" > "$venv_site/_speedmla_parent_env.pth"
+  fi
+fi
 # The wheel by its file (a package of that name on an index must not win), its requirements
 # (apache-tvm-ffi) resolved by pip from its metadata.
 "${pip[@]}" "${found[0]}"
