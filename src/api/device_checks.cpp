@@ -1,5 +1,5 @@
 // The check mode's switch and flags (speedmla/check.h); the validation itself is in
-// src/kernels/check/, called by each operation's dispatch through detail::device_checks_on().
+// src/kernels/check/, called by each operation's dispatch when device_checks_enabled().
 #include <cuda_runtime_api.h>
 
 #include <atomic>

@@ -110,4 +110,12 @@ ErrorStats compare_rows(const HostTensor& actual, const HostTensor& expected, in
 // run can be replayed with that variable set.
 uint64_t test_seed();
 
+// Names GoogleTest instances of a suite parameterised by DType ("float8_e4m3fn", "bfloat16").
+struct DtypeParamName {
+  template <typename ParamInfo>
+  std::string operator()(const ParamInfo& info) const {
+    return dtype_name(info.param);
+  }
+};
+
 }  // namespace speedmla::test

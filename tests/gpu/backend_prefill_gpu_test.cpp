@@ -214,7 +214,7 @@ TEST_P(BackendPrefillGpu, SingleLoopAndNoLoop) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendPrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

@@ -290,7 +290,7 @@ TEST_P(CacheGpuLarge, SlotsBeyondTwoGigaElements) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CacheGpuLarge, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

@@ -244,7 +244,7 @@ TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, DecodeGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 // The main kernel's shared-memory opt-in is a per-device attribute: every device of the process
 // must run decode correctly, not only the first one used (on one GPU this checks the per-device

@@ -118,7 +118,7 @@ TEST(DeterminismGpuMerge, BothOutputDtypes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, DeterminismGpu, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

@@ -268,7 +268,7 @@ TEST_P(DeviceValuesGpu, CheckModeInsideACapturedGraph) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, DeviceValuesGpu, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

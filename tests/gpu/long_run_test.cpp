@@ -294,7 +294,7 @@ TEST_P(LongRunGpu, GraphWorkspaceGrowsWhileGraphsExist) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, LongRunGpu, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

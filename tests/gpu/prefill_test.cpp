@@ -215,7 +215,7 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         DtypeParamName());
 
 // What the GPU path refuses (the CPU reference takes any strides): data pointers not 16-byte
 // aligned and strides other than the last that are not multiples of 16 bytes.

@@ -18,10 +18,6 @@ constexpr int64_t kNopeDim = kPrefillQkDim - kRopeDim;
 
 class QuantizeGpu : public testing::TestWithParam<DType> {};
 
-std::string dtype_param_name(const testing::TestParamInfo<DType>& info) {
-  return dtype_name(info.param);
-}
-
 struct QuantizeCase {
   std::vector<int64_t> shape;
   std::vector<int64_t> x_strides, out_strides;  // empty: contiguous
@@ -114,7 +110,7 @@ TEST_P(QuantizeGpu, PackPrefillKvMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(InputDtypes, QuantizeGpu,
                          testing::Values(DType::kBFloat16, DType::kFloat16, DType::kFloat32),
-                         dtype_param_name);
+                         DtypeParamName());
 
 }  // namespace
 }  // namespace speedmla::test

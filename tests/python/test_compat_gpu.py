@@ -11,18 +11,9 @@ import pytest
 
 import speedmla
 from speedmla.compat import flash_mla, tokenspeed_mla as ts
-from test_gpu import prefill_reference, rel_l2
+from test_gpu import CUDA_TORCH_MARKS, prefill_reference, rel_l2, torch
 
-try:
-    import torch
-except ImportError:
-    torch = None
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
-                       reason="needs PyTorch with a CUDA device"),
-]
+pytestmark = CUDA_TORCH_MARKS
 
 # Per request, against float64 (as tests/gpu/decode_test.cpp): output rel. L2 and max |ΔLSE| in
 # natural-log units. FP8 rounds probabilities to e4m3; a layout or mask bug costs order 1.

@@ -15,11 +15,13 @@ try:
 except ImportError:
     torch = None
 
-pytestmark = [
+# The marks of every module that needs PyTorch with a CUDA device (test_compat_gpu.py too).
+CUDA_TORCH_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
                        reason="needs PyTorch with a CUDA device"),
 ]
+pytestmark = CUDA_TORCH_MARKS
 
 # Output bounds against the CPU reference (as the C++ decode tests): FP8 probabilities are
 # rounded to e4m3 inside the kernel; a layout or masking bug gives errors of order 1.
