@@ -53,6 +53,27 @@ commit=$(cat "$build/commit.txt" 2>/dev/null || echo "unknown (no $build/commit.
 summary+=("gpu: $(head -1 "$logs/gpu.txt")  build of: $commit")
 
 status=0
+if [ "$sanitize" = 1 ]; then
+  # A subset of every GPU operation, small sizes. initcheck only where every input is written
+  # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
+  every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
+  every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
+  every_op+=':*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
+  every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
+  initcheck_set='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill*:DeterminismGpuMerge.*'
+  # The four tools run side by side and beside the tests (each is bound by one host core; the
+  # GPU has room for all; nothing here is timed), collected after the tests.
+  declare -A tool_pid
+  for tool in memcheck racecheck synccheck initcheck; do
+    tool_filter="$every_op"
+    [ "$tool" = initcheck ] && tool_filter="$initcheck_set"
+    SPEEDMLA_FUZZ_CASES=40 timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" \
+      --gtest_color=no --gtest_filter="$tool_filter" \
+      > "$logs/sanitize_$tool.log" 2>&1 &
+    tool_pid[$tool]=$!
+  done
+fi
+
 if [ "$run_tests" = 1 ]; then
   # Line-buffered, with a time limit: a hung kernel must still leave its log behind.
   timeout 400 stdbuf -oL -eL "$build/speedmla_gpu_tests" --gtest_color=no --gtest_filter="$filter" \
@@ -107,22 +128,11 @@ if [ "$run_tests" = 1 ]; then
 fi
 
 if [ "$sanitize" = 1 ]; then
-  # A subset of every GPU operation, small sizes. initcheck only where every input is written
-  # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
-  every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
-  every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
-  every_op+=':*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
-  every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
-  initcheck_set='*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill*:DeterminismGpuMerge.*'
   for tool in memcheck racecheck synccheck initcheck; do
-    tool_filter="$every_op"
-    [ "$tool" = initcheck ] && tool_filter="$initcheck_set"
-    SPEEDMLA_FUZZ_CASES=40 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/speedmla_gpu_tests" \
-      --gtest_color=no --gtest_filter="$tool_filter" \
-      > "$logs/sanitize_$tool.log" 2>&1
+    wait "${tool_pid[$tool]}"
     rc=$?
     [ $rc -ne 0 ] && status=1
-    summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E '(ERROR|RACECHECK) SUMMARY' "$logs/sanitize_$tool.log" | tail -1)")
+    summary+=("compute-sanitizer $tool (rc=$rc): $(grep -E '(ERROR|RACECHECK) SUMMARY' "$logs/sanitize_$tool.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/sanitize_$tool.log" | tr '\n' ' ')")
   done
 fi
 
