@@ -343,6 +343,9 @@ TEST(BackendGpu, TwoStreamsDecodeConcurrentlyEachAgainstTheReference) {
 
   // Two backends (a target and its draft model), two batches.
   Batch a = make_batch(seed), b = make_batch(seed + 1);
+  // The uploads and poison fills ran on the legacy stream, which the non-blocking streams do
+  // not wait for (and a pageable upload may return before its copy lands).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   MlaBackend target(config), draft(config);
   target.init_forward_metadata(kBatch, 0, a.pool.view(), a.seq_lens.view(), ForwardMode::kDecode,
                                a.req_to_page.view(), std::nullopt, streams[0]);
@@ -353,6 +356,7 @@ TEST(BackendGpu, TwoStreamsDecodeConcurrentlyEachAgainstTheReference) {
   // One backend, one batch's metadata (d is c with other queries): the same plans, other
   // partial results.
   Batch c = make_batch(seed + 2), d = make_batch(seed + 2, seed + 3);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   target.init_forward_metadata(kBatch, 0, c.pool.view(), c.seq_lens.view(), ForwardMode::kDecode,
                                c.req_to_page.view(), std::nullopt, streams[0]);
   ASSERT_EQ(cudaStreamSynchronize(streams[0]), cudaSuccess);  // the block table, before stream 1 reads it
