@@ -18,8 +18,9 @@ inline constexpr int kRopeDim = 64;                         // qk_rope_head_dim
 inline constexpr int kCacheRowDim = kLatentDim + kRopeDim;  // 576: one cache row, one query row
 inline constexpr int kMaxDecodeHeads = 128;
 
-// Page sizes the decode kernels support: the powers of two 8, 16, 32, 64, 128. Others (1, 2, 4,
-// non-powers of two) are refused by mla_decode with an Error; the CPU reference takes any size.
+// Page sizes the decode kernels support: the powers of two from 1 to 128 (contract §3). Others
+// (non-powers of two, above 128) are refused by mla_decode with an Error; the CPU reference takes
+// any size.
 bool decode_page_size_supported(int64_t page_size);
 
 inline constexpr int kMaxDecodeQLen = 1024;  // query tokens per request (decode + draft)

@@ -80,7 +80,7 @@ class MlaBackendConfig:
     """The settings of speedmla::MlaBackendConfig; checked when the backend is built.
 
     num_heads: the model's attention heads; tp_size: attention tensor parallelism (each rank
-    runs num_heads // tp_size heads, 1..128); page_size: 8, 16, 32, 64 or 128 tokens;
+    runs num_heads // tp_size heads, 1..128); page_size: a power of two from 1 to 128 tokens;
     kv_cache_dtype: "float8_e4m3fn" or "bfloat16" (torch dtypes and "fp8_e4m3" accepted);
     context_len: most tokens of a request; max_batch: most requests per forward outside CUDA
     graphs; max_graph_batch: largest graph batch (0: no graphs); num_draft_tokens: speculative

@@ -241,6 +241,6 @@ def device_sm_count(device: int) -> int:
 
 
 def decode_page_size_supported(page_size: int) -> bool:
-    """Whether the decode kernels take this page size (8, 16, 32, 64 or 128)."""
+    """Whether the decode kernels take this page size (a power of two from 1 to 128)."""
     return bool(lib().decode_page_size_supported(int(page_size)))
 

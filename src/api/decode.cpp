@@ -101,7 +101,7 @@ DecodeShape validate_contract(const detail::ArgChecker& check, const TensorView&
 }  // namespace
 
 bool decode_page_size_supported(int64_t page_size) {
-  return is_power_of_two(page_size) && page_size >= 8 && page_size <= 128;
+  return is_power_of_two(page_size) && page_size <= 128;
 }
 
 size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
@@ -146,7 +146,7 @@ DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const 
   // What the SM90 kernel needs beyond the contract's checks: the arguments first (no CUDA call),
   // then the device.
   check.require(decode_page_size_supported(shape.page_size),
-                "kv_cache.shape[1] (page_size) must be a power of two in [8, 128] on the GPU, got ", shape.page_size);
+                "kv_cache.shape[1] (page_size) must be a power of two in [1, 128] on the GPU, got ", shape.page_size);
   check.aligned(q, "q", 16);
   check.aligned(kv_cache, "kv_cache", 16);
   check.aligned(out, "out", 16);

@@ -76,7 +76,7 @@ void validate_config(const MlaBackendConfig& config) {
             "config.kv_cache_dtype must be float8_e4m3fn or bfloat16, got ",
             dtype_name(config.kv_cache_dtype));
   c.require(decode_page_size_supported(config.page_size),
-            "config.page_size must be one the decode kernels support (8, 16, 32, 64 or 128), got ",
+            "config.page_size must be one the decode kernels support (a power of two from 1 to 128), got ",
             config.page_size);
   if (config.seed_compatible) {
     c.require(config.page_size == 32 || config.page_size == 64,

@@ -101,7 +101,7 @@ DType attention_dtype(std::mt19937_64& rng) { return chance(rng, 0.5) ? DType::k
 Case base_decode(std::mt19937_64& rng, Target target) {
   const DType dtype = attention_dtype(rng);
   const int64_t batch = uniform(rng, 0, 3), q_len = uniform(rng, 1, 3), heads = uniform(rng, 1, 4);
-  constexpr int64_t kGpuPageSizes[] = {8, 16, 32, 64, 128};
+  constexpr int64_t kGpuPageSizes[] = {1, 2, 4, 8, 16, 32, 64, 128};
   const int64_t page_size = target == Target::kGpu && chance(rng, 0.9) ? pick(rng, kGpuPageSizes) : uniform(rng, 1, 16);
   const int64_t num_pages = uniform(rng, 1, 6), max_pages = uniform(rng, 0, 4);
   Case c;

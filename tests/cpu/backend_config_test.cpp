@@ -36,7 +36,7 @@ void expect_rejected(const std::function<void(MlaBackendConfig&)>& edit, const s
 }
 
 TEST(BackendConfig, AcceptsValidConfigs) {
-  for (int64_t page : {8, 16, 32, 64, 128})
+  for (int64_t page : {1, 2, 4, 8, 16, 32, 64, 128})
     for (DType dtype : {DType::kFloat8E4M3, DType::kBFloat16}) {
       MlaBackendConfig config = valid_config();
       config.page_size = page;
@@ -63,7 +63,7 @@ TEST(BackendConfig, RejectsHeadCounts) {
 }
 
 TEST(BackendConfig, RejectsPageSizes) {
-  for (int64_t page : {0, 1, 2, 4, 48, 256})
+  for (int64_t page : {0, 3, 48, 256})
     expect_rejected([page](auto& c) { c.page_size = page; }, "config.page_size must be one the decode kernels support");
 }
 

@@ -97,9 +97,9 @@ def check_function(name, instructions, max_waits):
     return errors
 
 
-def check_resources(resource_text, kernel):
-    """Local-memory use of each kernel matching `kernel` (a compiled regex), from
-    `cuobjdump -res-usage`."""
+def check_resources(resource_text, kernel, max_stack=0):
+    """Local-memory use above `max_stack` bytes of each kernel matching `kernel` (a compiled
+    regex), from `cuobjdump -res-usage`."""
     errors, current, seen = [], None, 0
     for line in resource_text.splitlines():
         match = RESOURCE_FUNCTION.search(line)
@@ -110,12 +110,12 @@ def check_resources(resource_text, kernel):
         if match and current and kernel.search(current):
             seen += 1
             stack, local = int(match.group(2)), int(match.group(4))
-            if stack or local:
+            if stack > max_stack or local > max_stack:
                 errors.append(f"{current}: STACK {stack} and LOCAL {local} bytes (register spills)")
     return errors, seen
 
 
-def run_checks(cuobjdump, binary, kernel, expected_kernels, max_waits):
+def run_checks(cuobjdump, binary, kernel, expected_kernels, max_waits, max_stack=0):
     """(errors, number of kernels checked) for the kernels of `binary` matching `kernel`."""
     sass = subprocess.run([cuobjdump, "-sass", binary], check=True, capture_output=True, text=True).stdout
     resources = subprocess.run([cuobjdump, "-res-usage", binary], check=True, capture_output=True, text=True).stdout
@@ -130,7 +130,7 @@ def run_checks(cuobjdump, binary, kernel, expected_kernels, max_waits):
               f"{sum(1 for _, t in instructions if is_mma(t))} wgmma, "
               f"{sum(1 for _, t in instructions if t.startswith('WARPGROUP.DEPBAR'))} wgmma waits, "
               f"{len(vote_skipped_regions(instructions))} vote-guarded regions")
-    resource_errors, seen = check_resources(resources, kernel)
+    resource_errors, seen = check_resources(resources, kernel, max_stack)
     errors += resource_errors
     if seen < len(kernels):
         errors.append(f"resource usage found for {seen} of {len(kernels)} kernels")
@@ -185,6 +185,8 @@ def main():
     parser.add_argument("--kernels", type=int, default=1,
                         help="how many kernels must match (0: none is fine, reported as 'no kernels matched')")
     parser.add_argument("--max-waits", type=int, default=12, help="the most wgmma waits one kernel may hold")
+    parser.add_argument("--max-stack", type=int, default=0,
+                        help="bytes of stack or local memory a kernel may use (0: no spill at all)")
     parser.add_argument("binary", nargs="?", help="the speedmla library or an object file")
     args = parser.parse_args()
     if args.self_test:
@@ -195,7 +197,7 @@ def main():
         parser.error("--kernel-regex and a library or object file are required")
     kernel = re.compile(args.kernel_regex)
     try:
-        errors, checked = run_checks(args.cuobjdump, args.binary, kernel, args.kernels, args.max_waits)
+        errors, checked = run_checks(args.cuobjdump, args.binary, kernel, args.kernels, args.max_waits, args.max_stack)
     except FileNotFoundError:
         print(f"ERROR: no cuobjdump at {args.cuobjdump!r}: scripts/setup.sh installs the pinned one")
         return 1

@@ -13,7 +13,7 @@ views, int32 block_table and cache_seqlens, out [B, s_q, h_q, 512] in q's dtype,
 softmax_scale defaulting to 576**-0.5, the causal mask aligned to the end of the sequence, and a
 metadata holder that records the first call's configuration and refuses calls that disagree
 with it. Added: speedmla's FP8 cache (``is_fp8_kvcache=True`` with a float8_e4m3fn cache of
-plain 576-wide rows) and page sizes 8-128. docs/python.md lists what differs. PyTorch CPU
+plain 576-wide rows) and page sizes 1-128. docs/python.md lists what differs. PyTorch CPU
 tensors and NumPy arrays run the CPU reference; errors raise speedmla.Error.
 """
 
@@ -81,7 +81,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v: i
         q: [B, s_q, h_q, 576] BF16 (or float8_e4m3fn with an FP8 cache); last dim contiguous.
         k_cache: [num_blocks, page_block_size, h_k, 576], BF16; with is_fp8_kvcache=True
             float8_e4m3fn (one per-tensor scale, folded into softmax_scale by the caller).
-            h_q must be a multiple of h_k. page_block_size 8-128 (powers of two) on the GPU.
+            h_q must be a multiple of h_k. page_block_size 1-128 (powers of two) on the GPU.
         block_table: [B, max_num_blocks_per_seq] int32; entries past a request's length are
             never read.
         cache_seqlens: [B] int32 KV lengths (including the s_q new tokens).

@@ -102,7 +102,7 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank: int, 
     Args:
         query: [B, q_len, H, 576] FP8 e4m3 or BF16 (the cache's dtype), 1 <= H <= 128.
         kv_cache: [num_pages, page_size, 576] or [num_pages, 1, page_size, 576], FP8 or BF16;
-            page sizes 8-128 (powers of two) on the GPU, any on the CPU.
+            page sizes 1-128 (powers of two) on the GPU, any on the CPU.
         workspace_buffer: int8 (or uint8) contiguous bytes on query's device, as the seed sizes
             it (num_SMs·H·q_len·513·4). speedmla's decode needs its own layout
             (speedmla.mla_decode_workspace_size(B, H, q_len, SMs), up to about twice that bound):

@@ -14,6 +14,10 @@ inline constexpr int kBlockTokens = 64;
 // kChunkDims features each, so that each chunk row is one swizzle row (64 BF16 = 128 B with the
 // 128-byte swizzle, 64 FP8 = 64 B with the 64-byte swizzle) for both TMA and wgmma.
 inline constexpr int kChunkDims = 64;
+
+// TMA writes swizzled boxes only at swizzle-atom (8-row) boundaries: pages of fewer tokens are
+// copied into the K stages row by row with cp.async instead.
+inline constexpr int kMinTmaPageTokens = 8;
 inline constexpr int kNumChunks = 9;        // 576 / 64
 inline constexpr int kValueChunks = 8;      // the first 512 features are the values
 inline constexpr int kLatentDim = 512;

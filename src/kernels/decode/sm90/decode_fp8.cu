@@ -5,11 +5,11 @@
 namespace speedmla::kernels::decode_sm90 {
 
 DecodeLaunchStatus prepare_decode_fp8(const DecodeLaunch& launch, CUtensorMap* kv_map) {
-  return prepare_decode_kernel<Fp8Traits>(launch, kv_map);
+  return prepare_decode_kernel<Fp8Traits, KvLoad::kTmaPages>(launch, kv_map);
 }
 
 cudaError_t launch_decode_fp8(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream) {
-  return launch_decode_kernel<Fp8Traits>(kv_map, params, stream);
+  return launch_decode_kernel<Fp8Traits, KvLoad::kTmaPages>(kv_map, params, stream);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

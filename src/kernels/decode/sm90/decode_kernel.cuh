@@ -31,6 +31,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/decode/sm90/config.h"
@@ -100,7 +101,13 @@ struct Bf16Traits {
   using ValueMma = sm90::gmma::MMA_64x256x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
 };
 
-template <typename Traits>
+// How the producer brings the cache's rows into the K stages (config.h, kMinTmaPageTokens):
+// TMA boxes of whole pages, or, for pages too small for a swizzled TMA box, cp.async copies of
+// each row. Two instantiations rather than a run-time branch: the copies' code in the same
+// kernel moved ptxas's register allocation enough to spill the consumers.
+enum class KvLoad { kTmaPages, kCopiedRows };
+
+template <typename Traits, KvLoad kLoad>
 struct DecodeKernel {
   // The cache map's swizzle and element (launch_kernel.cuh encodes it from the traits) must be
   // the layout wgmma reads, and one chunk row must be one swizzle row.
@@ -149,16 +156,24 @@ struct DecodeKernel {
   static constexpr int kMessageSumBytes = kWarpgroupThreads * 8 * (Traits::kFp8 ? 2 : 1);
   static constexpr int kMessageMaxBytes = kTileRows * 4;
 
-  // Shared memory map, offsets from a 1024-byte aligned base (swizzle atoms need it).
-  static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kTileBytes;
-  static constexpr int kVtOffset = kKOffset + kKStages * kTileBytes;
-  static constexpr int kMessageProbOffset = kVtOffset + kVtStages * kVtStageBytes;
-  static constexpr int kMessageSumOffset = kMessageProbOffset + kMessageProbBytes;
-  static constexpr int kMessageMaxOffset = kMessageSumOffset + kMessageSumBytes;
-  static constexpr int kBarrierOffset = kMessageMaxOffset + kMessageMaxBytes;
-  static constexpr int kNumBarriers = 2 * kKStages * kLoadParts + 2 * 4;
-  static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment slack
+  // Shared memory map from a 1024-byte aligned base (swizzle atoms need it): the compiler lays it
+  // out; carve() turns its offsets into the pointers the kernel works with (pointers from
+  // constant offsets, rather than member accesses through a struct reference, keep the
+  // consumers' address arithmetic what ptxas schedules best: the FP8 consumer spilled with them).
+  struct SharedLayout {
+    uint8_t q[kTileBytes];
+    uint8_t k[kKStages][kTileBytes];
+    uint8_t vt[kVtStages * kVtStageBytes + (Traits::kFp8 ? 0 : 16)];  // BF16 has no V^T
+    uint4 message_probs[kMessageProbBytes / 16];
+    float2 message_sums[kMessageSumBytes / 8];
+    float message_max[kTileRows];
+    uint64_t full[kKStages * kLoadParts];   // TMA bytes of a stage's part landed
+    uint64_t kfree[kKStages * kLoadParts];  // a stage's part may be overwritten
+    uint64_t channel[4];                    // per warp pair: a message was written
+    uint64_t channel_free[4];               // per warp pair: the message was read
+  };
+  static_assert(offsetof(SharedLayout, k) % 1024 == 0 && kTileBytes % 1024 == 0, "K stages on swizzle atoms");
+  static constexpr int kSmemBytes = sizeof(SharedLayout) + 1024;  // + alignment of the dynamic base
   static_assert(kSmemBytes <= 227 * 1024, "decode kernel shared memory exceeds the SM90 limit");
 
   // Named barriers (0 is __syncthreads): one per consumer warpgroup, one for both consumers.
@@ -181,31 +196,34 @@ struct DecodeKernel {
     uint4* message_probs;
     float2* message_sums;
     float* message_max;
-    uint64_t* full;     // [kKStages * kLoadParts]   TMA bytes of a stage's part landed
-    uint64_t* kfree;    // [kKStages * kLoadParts]   a stage's part may be overwritten
-    uint64_t* channel;       // [4] per warp pair: a message was written
-    uint64_t* channel_free;  // [4] per warp pair: the message was read
+    uint64_t* full;
+    uint64_t* kfree;
+    uint64_t* channel;
+    uint64_t* channel_free;
   };
 
   static __device__ Smem carve(uint8_t* raw) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     Smem s;
-    s.q = base + kQOffset;
-    s.k = base + kKOffset;
-    s.vt = base + kVtOffset;
-    s.message_probs = reinterpret_cast<uint4*>(base + kMessageProbOffset);
-    s.message_sums = reinterpret_cast<float2*>(base + kMessageSumOffset);
-    s.message_max = reinterpret_cast<float*>(base + kMessageMaxOffset);
-    s.full = reinterpret_cast<uint64_t*>(base + kBarrierOffset);
-    s.kfree = s.full + kKStages * kLoadParts;
-    s.channel = s.kfree + kKStages * kLoadParts;
-    s.channel_free = s.channel + 4;
+    s.q = base + offsetof(SharedLayout, q);
+    s.k = base + offsetof(SharedLayout, k);
+    s.vt = base + offsetof(SharedLayout, vt);
+    s.message_probs = reinterpret_cast<uint4*>(base + offsetof(SharedLayout, message_probs));
+    s.message_sums = reinterpret_cast<float2*>(base + offsetof(SharedLayout, message_sums));
+    s.message_max = reinterpret_cast<float*>(base + offsetof(SharedLayout, message_max));
+    s.full = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, full));
+    s.kfree = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, kfree));
+    s.channel = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, channel));
+    s.channel_free = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, channel_free));
     return s;
   }
 
+  // TMA pages: the producer arms a part's `full` with the bytes of its loads. Copied rows: every
+  // lane of the stage's producer warp arrives once its copies of the part have landed
+  // (copy_rows_producer).
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages * kLoadParts; ++i) {
-      sm90::mbarrier_init(&s.full[i], 1);
+      sm90::mbarrier_init(&s.full[i], kLoad == KvLoad::kCopiedRows ? 32 : 1);
       // Readers of a K stage part, one arrival per warp once it is done with the part: FP8
       // both consumers after their transposes (the scorer's S before them), BF16 the part's
       // consumer after its P·V (the scorer's S of the block completed before its message).
@@ -272,6 +290,57 @@ struct DecodeKernel {
     }
   }
 
+  // Pages below kMinTmaPageTokens: producer warp w < kKStages owns K stage w and copies the
+  // rows of every block that goes there (blocks w, w + kKStages, ...) with cp.async, into the
+  // swizzled layout TMA writes for larger pages. The warp copies one row at a time, lane l its
+  // 16-byte pieces l, l + 32, ..., so that each copy instruction reads whole 128-byte lines of
+  // one row; lane l reads the page ids of rows l and l + 32 before the wait for a free stage
+  // (the read's latency overlaps the wait) and hands them out with shuffles. Once a part's
+  // copies have landed, each lane makes them visible to the consumers' wgmma (written through
+  // the generic proxy, read through the async one) and arrives on the part's `full`; the
+  // stages' warps overlap each other's latency. A page id outside [0, num_pages) reads zeros,
+  // as TMA's bounds check gives the larger pages.
+  static __device__ void copy_rows_producer(const DecodeParams& p, const Smem& s, int part) {
+    const int stage = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    if (stage >= kKStages) return;
+    constexpr int kRowPieces = kNumChunks * kPiecesPerChunkRow;
+    BlockCursor cursor(p, part);
+    for (int i = 0; i < stage && cursor.valid(); ++i) cursor.advance();
+    for (int round = 0; cursor.valid(); ++round) {
+      const int request = cursor.piece().request, block = cursor.block();
+      const int valid = valid_tokens_in_block(p.seq_lens[request], block);
+      const int32_t* table = p.block_table + request * p.block_table_stride;
+      // Rows lane and lane + 32; entries past seq_len are never read.
+      const int first_token = block * kBlockTokens;
+      const int page_low = lane < valid ? table[(first_token + lane) >> p.page_shift] : 0;
+      const int page_high = lane + 32 < valid ? table[(first_token + lane + 32) >> p.page_shift] : 0;
+      const uint32_t stage_smem = sm90::smem_u32(s.k + stage * kTileBytes);
+#pragma unroll
+      for (int load_part = 0; load_part < kLoadParts; ++load_part) {
+        sm90::mbarrier_wait(&s.kfree[stage * kLoadParts + load_part], (round & 1) ^ 1);
+#pragma unroll 1
+        for (int row = 0; row < valid; ++row) {
+          const int page = __shfl_sync(0xffffffffu, row < 32 ? page_low : page_high, row % 32);
+          const bool present = page >= 0 && page < p.num_pages;
+          const uint8_t* src = p.kv_cache + (present ? page * p.kv_page_stride_bytes : 0) +
+                               (row & (p.page_size - 1)) * (kRowDim * kE);
+#pragma unroll
+          for (int q = lane; q < kRowPieces; q += 32) {
+            const int c = q / kPiecesPerChunkRow, piece = q % kPiecesPerChunkRow;
+            if (part_of_chunk(c) == load_part)
+              sm90::cp_async_16(
+                  stage_smem + c * kChunkBytes + sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece),
+                  src + q * 16, present ? 16u : 0u);
+          }
+        }
+        sm90::cp_async_wait_all();
+        sm90::fence_proxy_async_smem();
+        sm90::mbarrier_arrive(&s.full[stage * kLoadParts + load_part]);
+      }
+      for (int i = 0; i < kKStages && cursor.valid(); ++i) cursor.advance();
+    }
+  }
+
   // FP8 V transpose (by the consumers): each consumer transposes its half of the block's values
   // (half 0 = dims 0..255, half 1 = 256..511) into its own V^T buffer, warp w taking token group
   // w, in 8 steps of 32 dims (sm90/attention/fp8_transpose.cuh: the V^T positions follow the P
@@ -285,10 +354,12 @@ struct DecodeKernel {
         k_stage, 4 * half, vt_stage, 32 * half, warp, valid, lane);
   }
 
-  // One thread issues all loads, up to kKStages blocks ahead of the consumers; the other
-  // producer threads have nothing to do.
+  // TMA pages: one thread issues all loads, up to kKStages blocks ahead of the consumers; the
+  // other producer threads have nothing to do. Copied rows: copy_rows_producer.
   static __device__ void producer(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int part) {
-    if (threadIdx.x % kWarpgroupThreads == 0) {
+    if constexpr (kLoad == KvLoad::kCopiedRows) {
+      copy_rows_producer(p, s, part);
+    } else if (threadIdx.x % kWarpgroupThreads == 0) {
       BlockCursor cursor(p, part);
       BlockLoad next = cursor.valid() ? fetch_block_load(p, cursor) : BlockLoad{};
       for (int issued = 0; cursor.valid(); ++issued) {
@@ -762,7 +833,10 @@ struct DecodeKernel {
         if (piece.num_blocks < 0) {
           inv[i] = lse[i] = NAN;
         } else if (sum > 0.f) {
-          inv[i] = weights > 0.f ? 1.f / weights : 0.f;
+          // A sum of probabilities scaled so that the row's maximum is near 2^kBias: far inside
+          // [2^-126, 2^126], where the fast reciprocal is within 2 ulp. It has no IEEE slow
+          // path, which ptxas would otherwise outline into a call (and spill around it).
+          inv[i] = weights > 0.f ? __fdividef(1.f, weights) : 0.f;
           lse[i] = (row_max[i] - kBias + __log2f(sum)) * 0.69314718055994530942f;
         } else {
           inv[i] = 0.f;
@@ -786,10 +860,10 @@ struct DecodeKernel {
   }
 };
 
-template <typename Traits>
+template <typename Traits, KvLoad kLoad>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ DecodeParams p) {
-  using Kernel = DecodeKernel<Traits>;
+  using Kernel = DecodeKernel<Traits, kLoad>;
   extern __shared__ uint8_t smem_raw[];
   const typename Kernel::Smem s = Kernel::carve(smem_raw);
   if (threadIdx.x == 0) Kernel::init_barriers(s);

@@ -1,6 +1,7 @@
 #include "kernels/decode/sm90/launch.h"
 
 #include "kernels/decode/sm90/combine.h"
+#include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/schedule.h"
 
 namespace speedmla::kernels::decode_sm90 {
@@ -8,15 +9,22 @@ namespace speedmla::kernels::decode_sm90 {
 DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream) {
   // Without its opt-in the main kernel would not run while the schedule and combine kernels
   // would, leaving a wrong output and no error: the map and the opt-in come before any launch.
+  using Prepare = DecodeLaunchStatus (*)(const DecodeLaunch&, CUtensorMap*);
+  using Launch = cudaError_t (*)(const CUtensorMap&, const DecodeParams&, cudaStream_t);
+  const bool copied_rows = launch.page_size < kMinTmaPageTokens;
+  const Prepare prepare = launch.fp8 ? (copied_rows ? prepare_decode_fp8_copied_rows : prepare_decode_fp8)
+                                     : (copied_rows ? prepare_decode_bf16_copied_rows : prepare_decode_bf16);
+  const Launch launch_main = launch.fp8 ? (copied_rows ? launch_decode_fp8_copied_rows : launch_decode_fp8)
+                                        : (copied_rows ? launch_decode_bf16_copied_rows : launch_decode_bf16);
   CUtensorMap kv_map;
-  DecodeLaunchStatus status = launch.fp8 ? prepare_decode_fp8(launch, &kv_map) : prepare_decode_bf16(launch, &kv_map);
+  DecodeLaunchStatus status = prepare(launch, &kv_map);
   if (status.tensor_map != 0 || status.cuda != cudaSuccess) {
     cudaGetLastError();  // a failed runtime call also set the thread's last error: reported here instead
     return status;
   }
   const DecodeParams params = make_decode_params(launch);
   run_decode_schedule(params, stream);
-  status.cuda = launch.fp8 ? launch_decode_fp8(kv_map, params, stream) : launch_decode_bf16(kv_map, params, stream);
+  status.cuda = launch_main(kv_map, params, stream);
   if (status.cuda != cudaSuccess) return status;
   if (params.num_slots > 0) run_decode_combine(params, stream);
   status.cuda = cudaGetLastError();

@@ -24,6 +24,9 @@ DecodeParams make_decode_params(const DecodeLaunch& launch) {
   p.block_table = launch.block_table;
   p.block_table_stride = launch.block_table_stride;
   p.seq_lens = launch.seq_lens;
+  p.kv_cache = static_cast<const uint8_t*>(launch.kv_cache);
+  p.kv_page_stride_bytes = launch.kv_page_stride * (launch.fp8 ? 1 : 2);
+  p.num_pages = static_cast<int>(launch.num_pages);
   p.out = launch.out;
   p.out_stride_batch = launch.out_stride_batch;
   p.out_stride_token = launch.out_stride_token;

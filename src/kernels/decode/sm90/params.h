@@ -29,7 +29,7 @@ struct DecodeParams {
   int num_rows;        // q_len * num_heads: query rows per request, row = token * H + head
   int num_row_tiles;   // ceil(num_rows / kTileRows)
   int num_parts;       // CTAs per row tile: the split-KV partitions of the unit sequence
-  int page_size;       // tokens per page (power of two, 8..128)
+  int page_size;       // tokens per page (power of two, 1..128)
   int page_shift;      // log2(page_size)
   int max_pages;       // block_table row length; seq_len > max_pages * page_size is invalid
 
@@ -39,6 +39,11 @@ struct DecodeParams {
   const int32_t* block_table;  // [B, max_pages]
   int64_t block_table_stride;
   const int32_t* seq_lens;     // [B]
+  // The cache itself, for pages below kMinTmaPageTokens, which the producer copies row by row
+  // (pages of 8 tokens or more come through the TMA map instead).
+  const uint8_t* kv_cache;     // [num_pages, page_size, 576]
+  int64_t kv_page_stride_bytes;
+  int num_pages;
 
   // ---- outputs
   uint16_t* out;       // [B, q_len, H, 512] BF16 bits; last dim contiguous
