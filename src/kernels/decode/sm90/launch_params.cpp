@@ -24,6 +24,9 @@ DecodeParams make_decode_params(const DecodeLaunch& launch) {
   p.block_table = launch.block_table;
   p.block_table_stride = launch.block_table_stride;
   p.seq_lens = launch.seq_lens;
+  p.causal_seqs = launch.causal_seqs;
+  p.cp_rank = launch.cp_rank;
+  p.cp_world_division = division_magic(static_cast<uint32_t>(launch.cp_world));
   p.out = launch.out;
   p.out_stride_batch = launch.out_stride_batch;
   p.out_stride_token = launch.out_stride_token;
