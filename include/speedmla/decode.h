@@ -40,6 +40,38 @@ size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len
 // Number of multiprocessors of CUDA device `device` (cached after the first query; no sync).
 int device_sm_count(int device);
 
+// Decode context parallelism: the KV of each request is spread over `world` ranks round-robin
+// by token, rank r holding global tokens r, r + world, r + 2·world, ... in its own paged cache
+// (so its seq_lens[b] is the LOCAL length, ceil((global length - r) / world) for a full share).
+// Each rank's mla_decode then returns its partial (out, lse); merging the ranks' partials by
+// their LSE (merge_attn_states pairwise on [B·q_len, H, 512] views, or speedmla.cp in Python) gives the
+// single-rank result over the whole request.
+//
+//   causal_seqs  [B] int32, contiguous, on q's device: the GLOBAL KV length of each request
+//                (including its q_len new tokens). Read on the device only. Any value is
+//                memory-safe: it only moves each row's bound inside the request (below).
+//   world        number of ranks, 1 <= world <= kMaxDecodeContextParallelWorld.
+//   rank         this rank, 0 <= rank < world.
+// mla_decode throws Error naming context_parallel.causal_seqs, .world or .rank when one breaks
+// these rules (causal_seqs must also not overlap out or lse).
+//
+// Query token t of request b then sees local keys
+//   k < clamp(ceil((causal_seqs[b] - rank - (q_len - 1) + t) / world), lo, seq_lens[b]),
+//   lo = max(0, seq_lens[b] - (q_len - 1) + t)   (the plain window of the local keys),
+// i.e. exactly the global keys g = rank + k·world of the causal window g < causal_seqs[b] -
+// (q_len - 1) + t. A causal_seqs[b] consistent with seq_lens[b] (seq_lens[b] =
+// max(0, ceil((causal_seqs[b] - rank) / world))) always gives a bound inside [lo, seq_lens[b]],
+// so the clamp only decides what an inconsistent value gives (the kernel relies on it: blocks
+// the plain window shows whole are never masked). A row whose bound is 0 sees no key: out 0,
+// lse -inf.
+inline constexpr int kMaxDecodeContextParallelWorld = 1 << 16;  // keeps the bound's sums in int32
+
+struct DecodeContextParallel {
+  TensorView causal_seqs;
+  int world = 1;
+  int rank = 0;
+};
+
 // Decode / speculative verify.
 //
 //   q            [B, q_len, H, 576]  FP8 e4m3 or BF16; last dim contiguous, any other strides
@@ -66,8 +98,12 @@ int device_sm_count(int device);
 //   output_scale   multiplies the output (where a V dequantisation scale goes).
 //   stream       CUDA stream for device tensors.
 //
+//   context_parallel  optional: this call is one rank of a context-parallel decode (see
+//                                    DecodeContextParallel above); std::nullopt: off.
+//
 // Query token t (0-based) of request b sees keys k < seq_lens[b] - (q_len - 1) + t, i.e. the
-// causal mask inside the draft window, aligned to the end of the sequence:
+// causal mask inside the draft window, aligned to the end of the sequence (with
+// context_parallel, the rank's bound given above instead):
 //   out[b,t,h,:] = output_scale * sum_k softmax_k(softmax_scale * q[b,t,h,:]·kv[k,:]) * kv[k,0:512]
 //
 // On the GPU the call allocates nothing, never synchronises with the host and never reads
@@ -79,6 +115,7 @@ int device_sm_count(int device);
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
                 const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
-                float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr);
+                float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr,
+                const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
 
 }  // namespace speedmla

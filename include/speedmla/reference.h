@@ -15,16 +15,19 @@
 
 #include <optional>
 
+#include "speedmla/decode.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla::reference {
 
-// As speedmla::mla_decode (decode.h), with any page size >= 1. Only the first seq_lens[b] slots
-// of each request are read; a seq_len outside [0, max_pages*page_size] gives NaN out and lse for
-// that request; a page id outside [0, num_pages) reads as zero rows.
+// As speedmla::mla_decode (decode.h), with any page size >= 1, context parallelism included
+// (causal_seqs read on the host). Only the first seq_lens[b] slots of each request are read; a
+// seq_len outside [0, max_pages*page_size] gives NaN out and lse for that request; a page id
+// outside [0, num_pages) reads as zero rows.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
-                const std::optional<TensorView>& lse, float softmax_scale, float output_scale);
+                const std::optional<TensorView>& lse, float softmax_scale, float output_scale,
+                const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
 
 // As speedmla::mla_prefill (prefill.h); cu_seqlens are read on the host.
 void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,

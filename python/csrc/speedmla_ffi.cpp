@@ -14,6 +14,8 @@
 #include <tvm/ffi/object.h>
 #include <tvm/ffi/string.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,13 +106,27 @@ ffi::Tensor borrow(const speedmla::TensorView& t, std::shared_ptr<const void> ow
 void mla_decode(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView block_table,
                 ffi::TensorView seq_lens, ffi::TensorView out, ffi::Optional<ffi::TensorView> lse,
                 ffi::Optional<ffi::TensorView> workspace, double softmax_scale,
-                double output_scale) {
+                double output_scale, ffi::Optional<ffi::TensorView> causal_seqs, int64_t cp_world,
+                int64_t cp_rank) {
   translating_errors("mla_decode", [&] {
     const speedmla::TensorView q_view = view(q, "q");
+    std::optional<speedmla::DecodeContextParallel> context_parallel;
+    if (causal_seqs.has_value()) {
+      // Saturated: a value outside int is outside mla_decode's ranges too, and refused there.
+      const auto narrow = [](int64_t v) {
+        return static_cast<int>(std::clamp<int64_t>(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+      };
+      context_parallel = speedmla::DecodeContextParallel{view(*causal_seqs, "causal_seqs"), narrow(cp_world),
+                                                         narrow(cp_rank)};
+    } else if (cp_world != 1 || cp_rank != 0) {
+      throw speedmla::Error("mla_decode: cp_world = " + std::to_string(cp_world) + ", cp_rank = " +
+                            std::to_string(cp_rank) +
+                            " needs causal_seqs (the requests' global KV lengths, [B] int32)");
+    }
     speedmla::mla_decode(q_view, view(kv_cache, "kv_cache"), view(block_table, "block_table"),
                          view(seq_lens, "seq_lens"), view(out, "out"), view(lse, "lse"),
                          view(workspace, "workspace"), static_cast<float>(softmax_scale),
-                         static_cast<float>(output_scale), stream_of(q_view.device));
+                         static_cast<float>(output_scale), stream_of(q_view.device), context_parallel);
   });
 }
 

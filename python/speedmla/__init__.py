@@ -3,13 +3,15 @@
 Operations (speedmla.ops, re-exported here): mla_decode, mla_prefill, merge_attn_states,
 kv_cache_write, gather_cache, quantize_fp8, pack_prefill_kv, and the workspace helpers.
 The engine-facing backend: MlaBackend (TokenSpeed's tokenspeed_mla method names) with
-MlaBackendConfig and ForwardMode.
+MlaBackendConfig and ForwardMode. speedmla.cp merges the ranks' partial results of a
+context-parallel decode (mla_decode's causal_seqs, cp_world, cp_rank).
 
 Works on PyTorch tensors (CPU or CUDA, in place through DLPack, on the current stream, inside
 torch.cuda.graph capture) and on NumPy arrays (CPU reference). Importing needs neither PyTorch
 nor a GPU; the compiled module is loaded on first use. Errors raise speedmla.Error.
 """
 
+from . import cp
 from ._native import Error, library_path
 from .backend import (
     ChunkedPrefillMetadata,

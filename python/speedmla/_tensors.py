@@ -142,6 +142,7 @@ def _is_array(x: Any) -> bool:
 
 # Parameters of the operations that are numbers or flags rather than tensors.
 _FLAGS = ("causal", "return_lse", "dtype")
+_INTS = ("cp_world", "cp_rank")
 
 
 def raise_argument_error(function: Callable, arguments: dict, failure: Exception) -> None:
@@ -155,6 +156,10 @@ def raise_argument_error(function: Callable, arguments: dict, failure: Exception
     for name, parameter in inspect.signature(function).parameters.items():
         value = arguments.get(name)
         if name in _FLAGS:
+            continue
+        if name in _INTS:
+            if not isinstance(value, int):
+                raise Error(f"{function.__name__}: {name} must be an int, got {type(value).__name__}") from failure
             continue
         if "scale" in name:
             try:

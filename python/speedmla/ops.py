@@ -13,6 +13,7 @@ no bfloat16/float8: pass and receive such data as uint16/uint8 bit arrays (see _
 from __future__ import annotations
 
 import functools
+import operator
 
 from . import _tensors as tz
 from ._native import lib
@@ -26,7 +27,7 @@ PREFILL_V_DIM = 128  # v_head_dim
 
 def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
                output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False,
-               workspace=None):
+               workspace=None, causal_seqs=None, cp_world: int = 1, cp_rank: int = 0):
     """MLA decode / speculative verify over a paged latent KV cache.
 
     Args:
@@ -41,8 +42,19 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
         return_lse: allocate lse when it is None and return (out, lse).
         workspace: optional uint8 [>= mla_decode_workspace_size(B, H, q_len, SMs)] on the GPU;
             allocated through PyTorch when None. Unused on the CPU.
+        causal_seqs, cp_world, cp_rank: decode context parallelism (off when causal_seqs is
+            None; then cp_world must be 1 and cp_rank 0). This call is rank cp_rank of cp_world
+            (1 <= cp_world <= 65536, 0 <= cp_rank < cp_world), holding global tokens cp_rank,
+            cp_rank + cp_world, ... of each request in its cache (seq_lens are the LOCAL
+            lengths); causal_seqs: [B] int32 on q's device, the GLOBAL KV lengths (including the
+            q_len new tokens), read on the device only. Merge the ranks' (out, lse) with
+            speedmla.cp.merge_partials / merge_cp_partials.
 
-    Query token t of request b sees keys k < seq_lens[b] - (q_len - 1) + t.
+    Query token t of request b sees keys k < seq_lens[b] - (q_len - 1) + t; with context
+    parallelism, local keys k < ceil((causal_seqs[b] - cp_rank - (q_len - 1) + t) / cp_world),
+    clamped to [max(0, seq_lens[b] - (q_len - 1) + t), seq_lens[b]]: a causal_seqs consistent with
+    seq_lens never leaves that range, and any value is memory-safe. A row that sees no
+    key gets out 0 and lse -inf.
 
     Returns:
         out, or (out, lse) when return_lse.
@@ -61,7 +73,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
             workspace, _ = tz.empty(q, (_decode_workspace_bytes(dims[0], dims[2], dims[1], q.device.index),),
                                     "uint8")
         lib().mla_decode(tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg, tz.arg(lse),
-                         workspace, float(softmax_scale), float(output_scale))
+                         workspace, float(softmax_scale), float(output_scale), causal_seqs,
+                         operator.index(cp_world), operator.index(cp_rank))
         return (out, lse) if return_lse else out
     except (TypeError, AttributeError, ValueError) as failure:
         tz.raise_argument_error(mla_decode, locals(), failure)

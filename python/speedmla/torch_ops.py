@@ -24,7 +24,7 @@ only (no NumPy arrays), on the CPU (reference) or a CUDA device.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -39,15 +39,19 @@ Tensor = torch.Tensor
 
 @torch.library.custom_op("speedmla::mla_decode", mutates_args=())
 def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
-               softmax_scale: float, output_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
+               softmax_scale: float, output_scale: float = 1.0, causal_seqs: Optional[Tensor] = None,
+               cp_world: int = 1, cp_rank: int = 0) -> Tuple[Tensor, Tensor]:
     """MLA decode / verify (speedmla.ops.mla_decode): (out [B, q_len, H, 512] BF16,
-    lse [B, q_len, H] FP32, natural log) for q [B, q_len, H, 576] over the paged cache."""
+    lse [B, q_len, H] FP32, natural log) for q [B, q_len, H, 576] over the paged cache;
+    causal_seqs, cp_world, cp_rank: one rank's partial of a context-parallel decode."""
     return ops.mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale=softmax_scale,
-                          output_scale=output_scale, return_lse=True)
+                          output_scale=output_scale, return_lse=True, causal_seqs=causal_seqs,
+                          cp_world=cp_world, cp_rank=cp_rank)
 
 
 @mla_decode.register_fake
-def _(q, kv_cache, block_table, seq_lens, softmax_scale, output_scale=1.0):
+def _(q, kv_cache, block_table, seq_lens, softmax_scale, output_scale=1.0, causal_seqs=None, cp_world=1,
+      cp_rank=0):
     batch, q_len, heads, _ = q.shape
     return (q.new_empty((batch, q_len, heads, ops.LATENT_DIM), dtype=torch.bfloat16),
             q.new_empty((batch, q_len, heads), dtype=torch.float32))

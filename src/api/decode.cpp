@@ -98,6 +98,24 @@ DecodeShape validate_contract(const detail::ArgChecker& check, const TensorView&
   return shape;
 }
 
+// The context-parallel argument (decode.h), on any device: causal_seqs is read like seq_lens.
+void validate_context_parallel(const detail::ArgChecker& check, const DecodeContextParallel& cp,
+                               const DecodeShape& shape, Device device, const TensorView& out,
+                               const std::optional<TensorView>& lse) {
+  const TensorView& causal = cp.causal_seqs;
+  check.defined(causal, "context_parallel.causal_seqs", 1);
+  check.dtype(causal, "context_parallel.causal_seqs", {DType::kInt32});
+  check.dim(causal, "context_parallel.causal_seqs", 0, shape.batch);
+  check.contiguous(causal, "context_parallel.causal_seqs");
+  check.same_device(causal, "context_parallel.causal_seqs", device);
+  check.disjoint(out, "out", causal, "context_parallel.causal_seqs");
+  if (lse) check.disjoint(*lse, "lse", causal, "context_parallel.causal_seqs");
+  check.require(cp.world >= 1 && cp.world <= kMaxDecodeContextParallelWorld, "context_parallel.world must be in [1, ",
+                kMaxDecodeContextParallelWorld, "], got ", cp.world);
+  check.require(cp.rank >= 0 && cp.rank < cp.world, "context_parallel.rank must be in [0, world = ", cp.world,
+                "), got ", cp.rank);
+}
+
 }  // namespace
 
 bool decode_page_size_supported(int64_t page_size) {
@@ -132,9 +150,11 @@ namespace detail {
 DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
                             const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
                             const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
-                            float softmax_scale, float output_scale) {
+                            float softmax_scale, float output_scale,
+                            const std::optional<DecodeContextParallel>& context_parallel) {
   DecodeShape shape = validate_contract(check, q, kv_cache, block_table, seq_lens, out, lse, softmax_scale,
                                         output_scale);
+  if (context_parallel) validate_context_parallel(check, *context_parallel, shape, q.device, out, lse);
   // A workspace the CPU does not use is still checked: a device mix-up or a corrupt view is a
   // bug of the caller (and a negative extent would pass the GPU's size check as a huge size_t).
   if (workspace) {
@@ -183,6 +203,7 @@ DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const 
         std::pair{&seq_lens, "seq_lens"}, std::pair{&out, "out"}})
     check.disjoint(ws, "workspace", *other, name);
   if (lse) check.disjoint(ws, "workspace", *lse, "lse");
+  if (context_parallel) check.disjoint(ws, "workspace", context_parallel->causal_seqs, "context_parallel.causal_seqs");
 
   return shape;
 }
@@ -191,14 +212,14 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
                           const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
                           const TensorView& out, const std::optional<TensorView>& lse,
                           const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
-                          Stream stream) {
+                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel) {
   // The check mode's view of the device-side values (speedmla/check.h).
   const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
                                           block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
                                           shape.num_pages, shape.q_len};
   if (!q.is_cuda()) {
     if (device_checks_enabled()) kernels::check_decode_values_on_host(values);
-    reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale);
+    reference::mla_decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, output_scale, context_parallel);
     return;
   }
   if (shape.batch == 0) return;
@@ -222,6 +243,9 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
   launch.block_table = block_table.ptr<int32_t>();
   launch.block_table_stride = block_table.strides[0];
   launch.seq_lens = seq_lens.ptr<int32_t>();
+  launch.causal_seqs = context_parallel ? context_parallel->causal_seqs.ptr<int32_t>() : nullptr;
+  launch.cp_world = context_parallel ? context_parallel->world : 1;
+  launch.cp_rank = context_parallel ? context_parallel->rank : 0;
   launch.out = out.ptr<uint16_t>();
   launch.out_stride_batch = out.strides[0];
   launch.out_stride_token = out.strides[1];
@@ -250,12 +274,13 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const std::optional<TensorView>& lse,
-                const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream) {
+                const std::optional<TensorView>& workspace, float softmax_scale, float output_scale, Stream stream,
+                const std::optional<DecodeContextParallel>& context_parallel) {
   const detail::ArgChecker check("mla_decode");
   const detail::DecodeShape shape = detail::validate_decode(check, q, kv_cache, block_table, seq_lens, out, lse,
-                                                            workspace, softmax_scale, output_scale);
+                                                            workspace, softmax_scale, output_scale, context_parallel);
   detail::run_decode_validated(check, shape, q, kv_cache, block_table, seq_lens, out, lse, workspace, softmax_scale,
-                               output_scale, stream);
+                               output_scale, stream, context_parallel);
 }
 
 }  // namespace speedmla

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "api/check.h"
+#include "speedmla/decode.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla::detail {
@@ -22,7 +23,8 @@ struct DecodeShape {
 DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
                             const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
                             const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
-                            float softmax_scale, float output_scale);
+                            float softmax_scale, float output_scale,
+                            const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
 
 // mla_decode's work on arguments validate_decode accepted, with the shape it returned: the CPU
 // reference, or the SM90 kernels on `stream`. Checks no argument; `check` names the function in
@@ -31,6 +33,6 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
                           const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
                           const TensorView& out, const std::optional<TensorView>& lse,
                           const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
-                          Stream stream);
+                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
 
 }  // namespace speedmla::detail

@@ -39,11 +39,25 @@ void poison_request(const TensorView& out, const std::optional<TensorView>& lse,
   }
 }
 
+// Keys query token t of a request sees (decode.h): the causal window aligned to the end of its
+// seq_len keys, or with context parallelism this rank's share of the global window of
+// causal_seq keys, clamped to [that plain window, seq_len]. In int64: no value overflows.
+int64_t visible_keys(int64_t seq_len, int64_t q_len, int64_t t,
+                     const std::optional<DecodeContextParallel>& context_parallel, int64_t causal_seq) {
+  const int64_t plain = std::clamp<int64_t>(seq_len - (q_len - 1) + t, 0, seq_len);
+  if (!context_parallel) return plain;
+  const int64_t world = context_parallel->world;
+  const int64_t global = causal_seq - context_parallel->rank - (q_len - 1) + t;
+  const int64_t share = global <= 0 ? 0 : (global + world - 1) / world;
+  return std::clamp(share, plain, seq_len);
+}
+
 }  // namespace
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
-                const std::optional<TensorView>& lse, float softmax_scale, float output_scale) {
+                const std::optional<TensorView>& lse, float softmax_scale, float output_scale,
+                const std::optional<DecodeContextParallel>& context_parallel) {
   const int64_t batch = q.size(0), q_len = q.size(1), num_heads = q.size(2);
   const int64_t max_tokens = block_table.size(1) * kv_cache.size(1);
   const AttentionTensors io{q, out, lse};
@@ -54,13 +68,15 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
       poison_request(out, lse, b);
       continue;
     }
+    const int64_t causal_seq =
+        context_parallel ? load_index(context_parallel->causal_seqs, offset_of(context_parallel->causal_seqs, b)) : 0;
     gather_request_rows(kv_cache, block_table, b, seq_len, rows);
     const KeyValueRows kv{rows.data(), kCacheRowDim, kCacheRowDim,
                           rows.data(), kCacheRowDim, kLatentDim};
-    // One task per (query token, head); token t sees the first seq_len - (q_len - 1) + t keys.
+    // One task per (query token, head), over the first visible_keys keys.
     parallel_for(q_len * num_heads, seq_len * (kCacheRowDim + kLatentDim), [&](int64_t row) {
       const int64_t t = row / num_heads, h = row % num_heads;
-      const int64_t visible = std::clamp<int64_t>(seq_len - (q_len - 1) + t, 0, seq_len);
+      const int64_t visible = visible_keys(seq_len, q_len, t, context_parallel, causal_seq);
       attend_row_at(io, kv, visible, softmax_scale, output_scale, b, t, h);
     });
   }

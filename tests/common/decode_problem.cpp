@@ -104,9 +104,72 @@ DeviceProblem::DeviceProblem(const DecodeProblem& pb)
   workspace = DeviceTensor(DType::kUInt8, {static_cast<int64_t>(bytes)});
 }
 
-void DeviceProblem::run(const DecodeProblemSpec& s, Stream stream) {
+void DeviceProblem::run(const DecodeProblemSpec& s, Stream stream,
+                        const std::optional<DecodeContextParallel>& context_parallel) {
   mla_decode(q.view(), kv_cache, block_table.view(), seq_lens.view(), out.view(), lse.view(), workspace.view(),
-             s.softmax_scale, s.output_scale, stream);
+             s.softmax_scale, s.output_scale, stream, context_parallel);
+}
+
+namespace {
+
+// Element offset of token k of request b in a problem's cache storage.
+int64_t cache_row_offset(const DecodeProblem& pb, int64_t b, int64_t k) {
+  const int64_t ps = pb.spec.page_size;
+  const int64_t page = pb.block_table.data<int32_t>()[b * pb.block_table.view().shape[1] + k / ps];
+  return page * pb.kv_cache.strides[0] + (k % ps) * kCacheRowDim;
+}
+
+}  // namespace
+
+CpRankProblem make_cp_rank_problem(const DecodeProblem& global, int world, int rank) {
+  DecodeProblemSpec spec = global.spec;
+  for (int32_t& len : spec.seq_lens) len = len > rank ? (len - rank + world - 1) / world : 0;
+  spec.seed = global.spec.seed * 131 + static_cast<uint64_t>(world) * 17 + static_cast<uint64_t>(rank) + 1;
+  CpRankProblem r{make_decode_problem(spec), HostTensor(DType::kInt32, {spec.batch}), world, rank};
+  r.local.q = global.q;
+  for (int64_t b = 0; b < spec.batch; ++b) {
+    r.causal_seqs.data<int32_t>()[b] = global.spec.seq_lens[b];
+    for (int64_t k = 0; k < spec.seq_lens[b]; ++k) {
+      const int64_t from = cache_row_offset(global, b, rank + k * world), to = cache_row_offset(r.local, b, k);
+      for (int64_t d = 0; d < kCacheRowDim; ++d) set(r.local.cache_storage, to + d, get(global.cache_storage, from + d));
+    }
+  }
+  return r;
+}
+
+DecodeResult run_reference(const CpRankProblem& rank) {
+  const DecodeProblem& pb = rank.local;
+  const auto& s = pb.spec;
+  DecodeResult r{HostTensor(DType::kBFloat16, {s.batch, s.q_len, s.heads, kLatentDim}),
+                 HostTensor(DType::kFloat32, {s.batch, s.q_len, s.heads})};
+  mla_decode(pb.q.view(), pb.kv_cache, pb.block_table.view(), pb.seq_lens.view(), r.out.view(), r.lse.view(),
+             std::nullopt, s.softmax_scale, s.output_scale, nullptr,
+             DecodeContextParallel{rank.causal_seqs.view(), rank.world, rank.rank});
+  return r;
+}
+
+DecodeResult merge_partial_results(const std::vector<DecodeResult>& parts) {
+  const TensorView shape = parts.at(0).out.view();
+  DecodeResult merged{HostTensor(DType::kBFloat16, {shape.shape[0], shape.shape[1], shape.shape[2], kLatentDim}),
+                      HostTensor(DType::kFloat32, {shape.shape[0], shape.shape[1], shape.shape[2]})};
+  const int64_t rows = merged.lse.numel();
+  std::vector<double> acc(kLatentDim);
+  for (int64_t row = 0; row < rows; ++row) {
+    double top = -INFINITY;
+    for (const DecodeResult& part : parts) top = std::max(top, get(part.lse, row));
+    std::fill(acc.begin(), acc.end(), 0.0);
+    double total = 0;
+    for (const DecodeResult& part : parts) {
+      const double lse = get(part.lse, row);
+      if (lse == -INFINITY) continue;  // no key in this part: its out may hold anything
+      const double w = std::exp(lse - top);
+      total += w;
+      for (int64_t d = 0; d < kLatentDim; ++d) acc[d] += w * get(part.out, row * kLatentDim + d);
+    }
+    for (int64_t d = 0; d < kLatentDim; ++d) set(merged.out, row * kLatentDim + d, total > 0 ? acc[d] / total : 0.0);
+    set(merged.lse, row, total > 0 ? top + std::log(total) : top);
+  }
+  return merged;
 }
 
 // Every request on its own, and every row's LSE: one entirely wrong request in a batch of 5000

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +43,27 @@ struct DecodeResult {
 // The CPU reference of the problem (the public mla_decode on its host tensors).
 DecodeResult run_reference(const DecodeProblem& pb);
 
+// Decode context parallelism simulated on one device (speedmla/decode.h,
+// DecodeContextParallel): rank `rank` of `world` holds global tokens rank, rank + world, ... of
+// every request of a global problem in a paged cache of its own (shuffled, padded and poisoned
+// as make_decode_problem lays one out); its seq_lens are the local lengths, its q is the global
+// problem's and causal_seqs holds the global seq_lens.
+struct CpRankProblem {
+  DecodeProblem local;
+  HostTensor causal_seqs;  // [B] int32
+  int world = 1, rank = 0;
+};
+
+CpRankProblem make_cp_rank_problem(const DecodeProblem& global, int world, int rank);
+
+// The CPU reference of one rank's partial result (mla_decode with the rank's context_parallel).
+DecodeResult run_reference(const CpRankProblem& rank);
+
+// Merges partial results over disjoint key sets by their LSE in FP64 (contract §4.3 over N
+// parts: a part of lse -inf is left out, a row empty in every part gets out 0 and lse -inf);
+// out rounded once to BF16 as speedmla.cp.merge_partials returns it.
+DecodeResult merge_partial_results(const std::vector<DecodeResult>& parts);
+
 // The problem's tensors on the current device (the cache keeps its strided layout), with
 // outputs and a workspace sized for it.
 struct DeviceProblem {
@@ -49,7 +71,9 @@ struct DeviceProblem {
   TensorView kv_cache;
 
   explicit DeviceProblem(const DecodeProblem& pb);
-  void run(const DecodeProblemSpec& s, Stream stream = nullptr);  // mla_decode into out and lse
+  // mla_decode into out and lse (context_parallel's causal_seqs on the device).
+  void run(const DecodeProblemSpec& s, Stream stream = nullptr,
+           const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
   DecodeResult download() const { return {out.to_host(), lse.to_host()}; }
 };
 

@@ -35,8 +35,10 @@ struct DecodeArgs {
   TensorView q, kv_cache, block_table, seq_lens, out;
   std::optional<TensorView> lse, workspace;
   float softmax_scale = 0.1f, output_scale = 1.0f;
+  std::optional<DecodeContextParallel> context_parallel;
   void call() const {
-    mla_decode(q, kv_cache, block_table, seq_lens, out, lse, workspace, softmax_scale, output_scale);
+    mla_decode(q, kv_cache, block_table, seq_lens, out, lse, workspace, softmax_scale, output_scale, nullptr,
+               context_parallel);
   }
 };
 
@@ -62,6 +64,8 @@ struct DecodeProblem {
 
   HostTensor q, kv_cache, block_table{DType::kInt32, {kB, kMaxPages}}, seq_lens{DType::kInt32, {kB}},
       out{DType::kBFloat16, {kB, kQLen, kH, kLatentDim}}, lse{DType::kFloat32, {kB, kQLen, kH}};
+  // Global lengths of a context-parallel call (rank 1 of 2 in the tests below).
+  HostTensor causal_seqs{DType::kInt32, {kB}};
 };
 
 // Each test breaks one thing of the valid BF16 problem.
@@ -438,6 +442,79 @@ TEST_F(DecodeValidation, WorkspaceSizeQLenOutOfRange) {
 TEST_F(DecodeValidation, WorkspaceSizeSmsNotPositive) {
   EXPECT_TRUE(workspace_size_refused(kB, kH, kQLen, 0, "num_sms must be >= 1, got 0"));
   EXPECT_TRUE(workspace_size_refused(kB, kH, kQLen, -4, "num_sms must be >= 1, got -4"));
+}
+
+// ---- context_parallel ----
+
+class DecodeContextParallelValidation : public DecodeValidation {
+ protected:
+  // The valid problem as rank 1 of 2 (7 and 1 local keys: global lengths 14 and 3).
+  void make_rank(DecodeArgs& a) {
+    problem_.causal_seqs.data<int32_t>()[0] = 14;
+    problem_.causal_seqs.data<int32_t>()[1] = 3;
+    a.context_parallel = DecodeContextParallel{problem_.causal_seqs.view(), 2, 1};
+  }
+  testing::AssertionResult cp_refused(const std::function<void(DecodeArgs&)>& breakage, const std::string& text) {
+    return refused(
+        [&](DecodeArgs& a) {
+          make_rank(a);
+          breakage(a);
+        },
+        text);
+  }
+};
+
+TEST_F(DecodeContextParallelValidation, ValidCallRuns) {
+  DecodeArgs args = problem_.args();
+  make_rank(args);
+  EXPECT_NO_THROW(args.call());
+}
+
+TEST_F(DecodeContextParallelValidation, CausalSeqsWrongDtypeShapeOrLayout) {
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.dtype = DType::kInt64; },
+                         "context_parallel.causal_seqs must be int32, got int64"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.shape[0] = 3; },
+                         "context_parallel.causal_seqs.shape[0] must be 2, got 3"));
+  EXPECT_TRUE(cp_refused(
+      [](DecodeArgs& a) {
+        a.context_parallel->causal_seqs.ndim = 2;
+        a.context_parallel->causal_seqs.shape[1] = 1;
+      },
+      "context_parallel.causal_seqs must have 1 dimensions"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.strides[0] = 2; },
+                         "context_parallel.causal_seqs must be contiguous"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.data = nullptr; },
+                         "context_parallel.causal_seqs"));
+}
+
+TEST_F(DecodeContextParallelValidation, CausalSeqsOnAnotherDevice) {
+  EXPECT_TRUE(cp_refused(
+      [](DecodeArgs& a) {
+        a.context_parallel->causal_seqs.device = kCuda;
+        a.context_parallel->causal_seqs.data = kDevicePointer;
+      },
+      "context_parallel.causal_seqs must be on cpu, got cuda:0"));
+}
+
+TEST_F(DecodeContextParallelValidation, CausalSeqsInsideAWrittenTensor) {
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.data = a.out.data; },
+                         "out must not overlap context_parallel.causal_seqs"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->causal_seqs.data = a.lse->data; },
+                         "lse must not overlap context_parallel.causal_seqs"));
+}
+
+TEST_F(DecodeContextParallelValidation, WorldOutOfRange) {
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->world = 0; },
+                         "context_parallel.world must be in [1, 65536], got 0"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->world = 65537; },
+                         "context_parallel.world must be in [1, 65536], got 65537"));
+}
+
+TEST_F(DecodeContextParallelValidation, RankOutOfRange) {
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->rank = -1; },
+                         "context_parallel.rank must be in [0, world = 2), got -1"));
+  EXPECT_TRUE(cp_refused([](DecodeArgs& a) { a.context_parallel->rank = 2; },
+                         "context_parallel.rank must be in [0, world = 2), got 2"));
 }
 
 }  // namespace

@@ -178,10 +178,10 @@ def flash_args(**changes):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: ts.tokenspeed_mla_decode(**decode_args(cp_world=2, cp_rank=1, causal_seqs=np.ones(1, np.int32))),
-     "decode context parallelism (cp_world > 1 or causal_seqs) is not implemented"),
-    (lambda: ts.tokenspeed_mla_decode(**decode_args(causal_seqs=np.ones(1, np.int32))),
-     "decode context parallelism"),
+    (lambda: ts.tokenspeed_mla_decode(**decode_args(cp_world=2, cp_rank=1)),
+     "causal_seqs (the requests' global KV lengths, [B] int32) is required when cp_world > 1"),
+    (lambda: ts.tokenspeed_mla_decode(**decode_args(cp_world=2, cp_rank=1, causal_seqs=np.ones(2, np.int32))),
+     "context_parallel.causal_seqs.shape[0] must be 1, got 2"),
     (lambda: ts.tokenspeed_mla_decode(**decode_args(cp_world=0)), "cp_world must be an int >= 1, got 0"),
     (lambda: ts.tokenspeed_mla_decode(**decode_args(cp_world=2, cp_rank=2)), "cp_rank must be in [0, cp_world=2)"),
     (lambda: ts.tokenspeed_mla_decode(**decode_args(kv_lora_rank=256)), "kv_lora_rank must be 512, got 256"),

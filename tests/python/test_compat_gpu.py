@@ -233,8 +233,8 @@ def test_bad_arguments_on_the_gpu():
     q = torch.zeros(1, 1, 16, 576, dtype=torch.float8_e4m3fn, device="cuda")
     cache = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn, device="cuda")
     table, lens = torch.ones(1, 1, dtype=torch.int32, device="cuda"), torch.ones(1, dtype=torch.int32, device="cuda")
-    with pytest.raises(speedmla.Error, match="decode context parallelism"):
-        ts.tokenspeed_mla_decode(q, cache, None, 512, 64, table, lens, 64, 0.1, causal_seqs=lens, cp_world=2,
+    with pytest.raises(speedmla.Error, match="context_parallel.causal_seqs must be on cuda:0, got cpu"):
+        ts.tokenspeed_mla_decode(q, cache, None, 512, 64, table, lens, 64, 0.1, causal_seqs=lens.cpu(), cp_world=2,
                                  cp_rank=1, return_lse=True)
     page_6 = torch.zeros(2, 6, 576, dtype=torch.float8_e4m3fn, device="cuda")
     with pytest.raises(speedmla.Error, match="page_size"):
@@ -242,3 +242,51 @@ def test_bad_arguments_on_the_gpu():
     meta, _ = flash_mla.get_mla_metadata()
     with pytest.raises(speedmla.Error, match="k_cache must be bfloat16"):
         flash_mla.flash_mla_with_kvcache(q.bfloat16(), cache.view(2, 64, 1, 576), table, lens, 512, meta)
+
+
+def rank_share(g, cache, table, lens, world, rank):
+    """Rank `rank`'s own paged cache [pages, page, 576] of every world-th token of each request
+    (global tokens rank, rank + world, ...), a shuffled block table and the LOCAL int32 lengths;
+    unused rows NaN. All on the CPU."""
+    page, batch = cache.shape[1], len(lens)
+    local = [len(range(rank, int(n), world)) for n in lens]
+    pages_per = max(1, max(-(-n // page) for n in local))
+    local_table = (1 + torch.randperm(batch * pages_per, generator=g)).to(torch.int32).reshape(batch, pages_per)
+    values = torch.full((1 + batch * pages_per, page, 576), float("nan"))  # float32: exact for FP8 and BF16
+    source = cache.float()
+    for b, n in enumerate(local):
+        k = torch.arange(n)
+        glob = rank + k * world
+        values[local_table[b, k // page].long(), k % page] = source[table[b, glob // page].long(), glob % page]
+    return values.to(cache.dtype), local_table, torch.tensor(local, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("q_len", [1, 2, 3, 4])
+def test_seed_decode_context_parallel(dtype, page, world, q_len):
+    """The seed's cp_world / cp_rank / causal_seqs over simulated ranks on one GPU, the ranks'
+    partials merged by speedmla.cp.merge_partials, against the float64 single-rank result."""
+    g = torch.Generator().manual_seed(1000 * world + 10 * q_len + page)
+    heads, scale = 16, 0.06
+    lengths = [1, 3, 7, 130, 701, 2048 + 5]  # shorter than every world, than q_len; across pages
+    q, cache, table, lens = paged_problem(g, dtype, len(lengths), q_len, heads, page, lengths)
+    cache = cache[:, :, 0]
+    dq, dlens = q.cuda(), lens.cuda()
+    outs, lses = [], []
+    for rank in range(world):
+        local_cache, local_table, local_lens = rank_share(g, cache, table, lens, world, rank)
+        args = (dq, local_cache.cuda(), local_table.cuda(), local_lens.cuda())
+        out, lse = ts.tokenspeed_mla_decode(args[0], args[1], None, 512, 64, args[2], args[3], 4096, scale,
+                                            return_lse=True, causal_seqs=dlens, cp_world=world, cp_rank=rank)
+        native, native_lse = speedmla.mla_decode(*args, softmax_scale=scale, return_lse=True, causal_seqs=dlens,
+                                                 cp_world=world, cp_rank=rank)
+        torch.cuda.synchronize()
+        assert torch.equal(out, native) and torch.equal(lse, native_lse * LOG2_E)  # the same kernel
+        outs.append(out)
+        lses.append(native_lse)
+    merged, merged_lse = speedmla.cp.merge_partials(outs, lses)
+    assert merged.dtype == torch.bfloat16 and merged.is_cuda and merged_lse.dtype == torch.float32
+    expected, expected_lse = decode_reference(q, cache, table, lens, scale, causal=True)
+    check_requests(merged, merged_lse, expected, expected_lse, dtype, f"{dtype} page {page} world {world} q_len {q_len}")

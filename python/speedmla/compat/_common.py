@@ -73,13 +73,15 @@ def _copy_into(dst: Any, src: Any) -> None:
 
 
 def decode(q, kv_cache, block_table, seq_lens, *, out, lse, causal: bool, softmax_scale: float,
-           output_scale: float, workspace: Callable[[int], Any]) -> None:
+           output_scale: float, workspace: Callable[[int], Any], causal_seqs=None, cp_world: int = 1,
+           cp_rank: int = 0) -> None:
     """speedmla.mla_decode into `out` (and `lse`, natural log, when given) with the mask the
     drop-in APIs select.
 
     causal=True: query token t of request b sees keys k < seq_lens[b] - (q_len - 1) + t, which is
-    mla_decode's own window (and TokenSpeed's and FlashMLA's causal mask). causal=False: every
-    query token sees all seq_lens[b] keys. MLA has one latent KV head and heads are independent,
+    mla_decode's own window (and TokenSpeed's and FlashMLA's causal mask); with causal_seqs,
+    mla_decode's context-parallel bound for rank cp_rank of cp_world instead. causal=False: every
+    query token sees all seq_lens[b] keys (of this rank: causal_seqs is not read). MLA has one latent KV head and heads are independent,
     so the q_len tokens of a request are then exactly q_len*H heads of a one-token query: q is
     viewed as [B, 1, q_len*H, 576] and decoded in calls of at most 128 heads.
 
@@ -94,7 +96,13 @@ def decode(q, kv_cache, block_table, seq_lens, *, out, lse, causal: bool, softma
             return None
         return workspace(max(ops._decode_workspace_bytes(batch, h, n, device) for h, n in shapes))
 
-    if causal or q_len == 1:
+    if causal:
+        ops.mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale=softmax_scale,
+                       output_scale=output_scale, out=out, lse=lse,
+                       workspace=workspace_for([(heads, q_len)]), causal_seqs=causal_seqs,
+                       cp_world=cp_world, cp_rank=cp_rank)
+        return
+    if q_len == 1:
         ops.mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale=softmax_scale,
                        output_scale=output_scale, out=out, lse=lse,
                        workspace=workspace_for([(heads, q_len)]))

@@ -13,8 +13,9 @@ prefill LSE is the natural log, as TokenSpeed's prefill returns it. Like the res
 PyTorch CPU tensors and NumPy arrays run the CPU reference; errors raise speedmla.Error naming
 the argument and what was expected.
 
-Decode context parallelism (``cp_world > 1``, ``causal_seqs``) is not implemented yet: such calls
-raise speedmla.Error rather than compute a result over the wrong keys.
+Decode context parallelism (``cp_world``, ``cp_rank``, ``causal_seqs``) is TokenSpeed's: each
+rank's call returns its partial output and LSE; merge them with speedmla.cp (natural-log LSE:
+divide this module's base-2 LSE by log2(e) first).
 """
 
 from __future__ import annotations
@@ -126,8 +127,16 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank: int, 
             launch in every call.
         return_lse: also return the LSE, [B, q_len, H] FP32, in base 2 (-inf for a row that sees
             no key).
-        causal_seqs, cp_world, cp_rank: decode context parallelism, not implemented yet:
-            cp_world > 1 or a causal_seqs tensor raises speedmla.Error.
+        causal_seqs, cp_world, cp_rank: decode context parallelism. This call is rank cp_rank
+            of cp_world; its cache holds global tokens cp_rank, cp_rank + cp_world, ... of each
+            request, and seq_lens are those LOCAL lengths. causal_seqs: [B] int32 (other integer
+            types are converted) on query's device, the GLOBAL KV lengths including the q_len
+            new tokens; required when cp_world > 1 and causal_mask. With causal_mask, query token
+            t sees local keys k < ceil((causal_seqs[b] - cp_rank - (q_len - 1) + t) / cp_world)
+            (clamped to [max(0, seq_lens[b] - (q_len - 1) + t), seq_lens[b]], which a
+            consistent causal_seqs never leaves); without it, all seq_lens[b] local keys (causal_seqs is
+            not read). Each rank returns its partial (out, lse); the ranks' results merge by
+            their LSE (speedmla.cp.merge_partials / merge_cp_partials, natural log: lse / log2(e)).
 
     Returns:
         out [B, q_len, H, 512] BF16, or (out, lse) when return_lse.
@@ -139,9 +148,9 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank: int, 
     require(isinstance(cp_world, int) and cp_world >= 1, fn, f"cp_world must be an int >= 1, got {cp_world!r}")
     require(isinstance(cp_rank, int) and 0 <= cp_rank < cp_world, fn,
             f"cp_rank must be in [0, cp_world={cp_world}), got {cp_rank!r}")
-    require(cp_world == 1 and causal_seqs is None, fn,
-            "decode context parallelism (cp_world > 1 or causal_seqs) is not implemented in speedmla yet; "
-            f"got cp_world={cp_world}, causal_seqs={'None' if causal_seqs is None else 'a tensor'}")
+    require(causal_seqs is not None or cp_world == 1 or not causal_mask, fn,
+            f"causal_seqs (the requests' global KV lengths, [B] int32) is required when cp_world > 1 "
+            f"and causal_mask, got cp_world={cp_world} and causal_seqs=None")
     require(max_seq_len > 0, fn, f"max_seq_len must be > 0, got {max_seq_len}")
     require(len(tz.shape(query)) == 4, fn, f"query must be [B, q_len, H, 576], got shape {tz.shape(query)}")
     cache_dims = tz.shape(kv_cache)
@@ -163,8 +172,11 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank: int, 
             return workspace_buffer.view(sys.modules["torch"].uint8)
         return tz.empty(query, (nbytes,), "uint8")[0]
 
+    cp = {}
+    if causal_mask and causal_seqs is not None:
+        cp = dict(causal_seqs=as_int32(causal_seqs), cp_world=cp_world, cp_rank=cp_rank)
     decode(query, kv_cache, block_tables, as_int32(seq_lens), out=out, lse=lse, causal=bool(causal_mask),
-           softmax_scale=softmax_scale, output_scale=output_scale, workspace=workspace)
+           softmax_scale=softmax_scale, output_scale=output_scale, workspace=workspace, **cp)
     if not return_lse:
         return out
     lse *= LOG2_E  # speedmla's natural-log LSE in TokenSpeed's base 2, in place

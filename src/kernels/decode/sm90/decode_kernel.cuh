@@ -596,26 +596,50 @@ struct DecodeKernel {
     }
   }
 
+  // Keys row i of a context-parallel request sees (decode.h): this rank's share of the global
+  // causal window, ceil((causal - rank - (q_len - 1) + t) / world), clamped to [max(0, limit),
+  // seq_len] where limit = seq_len - (q_len - 1) + t is the plain window of the local keys. A
+  // causal_seqs consistent with seq_len always lies inside, so the clamp only decides what an
+  // inconsistent one gives, and keeps every row's bound at or above the plain one: blocks the
+  // plain window shows whole need no masking either way. Computed only where a block is
+  // masked, from a fresh load of causal_seqs: a per-piece value held through the block loop
+  // costs the FP8 consumer registers it does not have (it spilled).
+  static __device__ int context_parallel_limit(const DecodeParams& p, int request, int seq_len, int limit) {
+    // (causal - rank) + (t - (q_len - 1)): each part inside int (causal clamped to >= 0, rank <
+    // 2^16, q_len <= 1024). Local key k (global rank + k·world) is seen iff k·world < global.
+    const int global = (max(p.causal_seqs[request], 0) - p.cp_rank) + (limit - seq_len);
+    const uint32_t n = static_cast<uint32_t>(global - 1);
+    const int last = static_cast<int>((__umulhi(n, p.cp_world_division.magic) + n) >> p.cp_world_division.shift);
+    return min(seq_len, max(limit, global <= 0 ? 0 : last + 1));
+  }
+
   // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
-  // and turns the scores into probabilities against the new row maxima (returned). A row's
-  // max moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs
-  // are relative to whichever max is used, so the result is the same). Fills the block's exact
-  // sums (and, for BF16, the weights: see RowSums).
-  static __device__ void softmax_block(float (&scores)[32], const float (&row_max)[2], float (&new_max)[2],
-                                       RowSums& block_sums, const int (&limit)[2], int block,
-                                       float score_scale_log2) {
+  // (with context parallelism, the rank's bound: context_parallel_limit) and turns the scores
+  // into probabilities against the new row maxima (returned). A row's max moves only when the
+  // block exceeds it by more than kMaxSlackLog2 (the sums and outputs are relative to whichever
+  // max is used, so the result is the same). Fills the block's exact sums (and, for BF16, the
+  // weights: see RowSums).
+  static __device__ void softmax_block(const DecodeParams& p, float (&scores)[32], const float (&row_max)[2],
+                                       float (&new_max)[2], RowSums& block_sums, const int (&limit)[2], int block,
+                                       int request, int seq_len) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
     if ((block + 1) * kBlockTokens > min(limit[0], limit[1])) {
+      int bound[2] = {limit[0], limit[1]};
+      if (p.causal_seqs != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) bound[i] = context_parallel_limit(p, request, seq_len, limit[i]);
+      }
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int token = block * kBlockTokens + 8 * n + quad_col + e;
-          if (token >= limit[0]) scores[4 * n + e] = -INFINITY;
-          if (token >= limit[1]) scores[4 * n + 2 + e] = -INFINITY;
+          if (token >= bound[0]) scores[4 * n + e] = -INFINITY;
+          if (token >= bound[1]) scores[4 * n + 2 + e] = -INFINITY;
         }
     }
+    const float score_scale_log2 = p.score_scale_log2;
     // Maxima and sums as trees (depth 4 instead of 16 dependent instructions): the softmax is
     // on the path from one block's scores to the next P·V.
     float block_max[2];
@@ -750,7 +774,8 @@ struct DecodeKernel {
       load_query(p, s, piece.request, row_tile);
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 
-      // Keys visible to each row: k < seq_len - (q_len - 1) + t.
+      // Keys visible to each row: k < seq_len - (q_len - 1) + t (context parallelism widens it
+      // inside softmax_block).
       const int limit[2] = {seq_len - p.q_len + 1 + rows.token[0], seq_len - p.q_len + 1 + rows.token[1]};
       float row_max[2] = {-INFINITY, -INFINITY};
       RowSums row_sums = {{0.f, 0.f}, {0.f, 0.f}};  // summed over the quad at the end
@@ -772,7 +797,7 @@ struct DecodeKernel {
             // this loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on
             // these paths which group is the newest); the tensor cores run them in order anyway.
             retire_wgmmas();
-            softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
+            softmax_block(p, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
             sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
             if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
             send(new_max, block_sums);
@@ -794,7 +819,7 @@ struct DecodeKernel {
           // is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the block
           // runs on the tensor cores during the softmax of b+1, not before S(b+1).
           retire_wgmmas();
-          softmax_block(scores, row_max, new_max, block_sums, limit, block, p.score_scale_log2);
+          softmax_block(p, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
           sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
           prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);

@@ -27,6 +27,9 @@ DecodeParams make_decode_params(const DecodeLaunch& launch) {
   p.kv_cache = static_cast<const uint8_t*>(launch.kv_cache);
   p.kv_page_stride_bytes = launch.kv_page_stride * (launch.fp8 ? 1 : 2);
   p.num_pages = static_cast<int>(launch.num_pages);
+  p.causal_seqs = launch.causal_seqs;
+  p.cp_rank = launch.cp_rank;
+  p.cp_world_division = division_magic(static_cast<uint32_t>(launch.cp_world));
   p.out = launch.out;
   p.out_stride_batch = launch.out_stride_batch;
   p.out_stride_token = launch.out_stride_token;

@@ -7,6 +7,24 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
+// Division of n in [0, 2^31) by a divisor d in [1, 2^16] fixed for a launch, without a division
+// instruction: n / d = (umulhi(n, magic) + n) >> shift, shift = ceil(log2 d), magic =
+// floor(2^32 (2^shift - d) / d) + 1 (Granlund and Montgomery's round-up method; the sum stays
+// below 2^32 since umulhi(n, magic) <= n < 2^31). An integer division by a register takes a
+// dozen instructions and several temporaries, enough to make the register-tight FP8 consumer
+// spill; this takes three.
+struct DivisionMagic {
+  uint32_t magic;
+  int shift;
+};
+
+inline DivisionMagic division_magic(uint32_t divisor) {
+  int shift = 0;
+  while ((uint32_t{1} << shift) < divisor) ++shift;
+  const uint64_t magic = (uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor) / divisor + 1;
+  return {static_cast<uint32_t>(magic), shift};
+}
+
 // Split-KV plan of one request, written by the schedule kernel.
 struct RequestPlan {
   int first_unit;    // index of the request's first work unit in the batch-wide unit sequence
@@ -44,6 +62,13 @@ struct DecodeParams {
   const uint8_t* kv_cache;     // [num_pages, page_size, 576]
   int64_t kv_page_stride_bytes;
   int num_pages;
+  // Decode context parallelism (speedmla/decode.h), off when causal_seqs is nullptr: row t of
+  // request b sees local keys k < ceil((causal_seqs[b] - cp_rank - (q_len - 1) + t) / cp_world),
+  // clamped to [max(0, seq_len - (q_len - 1) + t), seq_len]. 1 <= cp_world <= 2^16
+  // (kMaxDecodeContextParallelWorld), 0 <= cp_rank < cp_world.
+  const int32_t* causal_seqs;  // [B] global KV lengths, or nullptr
+  int cp_rank;
+  DivisionMagic cp_world_division;  // division by cp_world
 
   // ---- outputs
   uint16_t* out;       // [B, q_len, H, 512] BF16 bits; last dim contiguous
