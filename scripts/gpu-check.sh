@@ -111,7 +111,7 @@ if [ "$sanitize" = 1 ]; then
   # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
   every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
   every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
-  every_op+=':*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
+  every_op+=':*DecodePlanGpu.OnePlanServesEveryLayerOfAStep*:*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
   every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
   initcheck_set='*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill*:DeterminismGpuMerge.*'
   for tool in memcheck racecheck synccheck initcheck; do
