@@ -12,8 +12,10 @@
 //     queue's depth, so no call waits for the GPU), the stream synchronised after each round,
 //     outside the timed region: the figure is what the calling thread spends, not how fast the
 //     GPU retires the kernels (an empty dependent launch takes the GPU longer than the host).
-//     The same for MlaBackend::forward_decode (BF16 queries: with an FP8 cache it quantises them
-//     first, a fourth launch), whose metadata was built once before.
+//     The same for mla_decode_with_plan on a plan made once before (what each layer after the
+//     first pays: the main kernel and the combine, no planner), and for
+//     MlaBackend::forward_decode (BF16 queries: with an FP8 cache it quantises them first),
+//     whose metadata was built once before, so that every call but the first reuses its plan.
 // (c) the floor: three dependent launches of an empty kernel, as the decode call launches.
 // Each figure is the best of --rounds rounds, per call.
 #include <cuda_runtime_api.h>
@@ -92,6 +94,15 @@ void call(const Views& v, Stream stream = nullptr) {
   mla_decode(v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse, v.workspace, 0.0416667f, 1.f, stream);
 }
 
+DecodePlan plan_of(const Views& v, Stream stream = nullptr) {
+  return mla_decode_plan(v.seq_lens, v.block_table, v.q.shape[2], v.q.shape[1], v.q.dtype, v.kv_cache.shape[1],
+                         v.workspace, 0, stream);
+}
+
+void call_with_plan(const DecodePlan& plan, const Views& v, Stream stream = nullptr) {
+  mla_decode_with_plan(plan, v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse, 0.0416667f, 1.f, stream);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +122,9 @@ int main(int argc, char** argv) {
                                  DType::kFloat8E4M3, 256);
   std::printf("(a) mla_decode validation only, B=0, CUDA views : %7.3f us\n",
               time_per_call(calls * 10, rounds, [&] { call(pretend); }));
+  const DecodePlan pretend_plan = plan_of(pretend);  // B = 0: checked, nothing launched
+  std::printf("(a) mla_decode_with_plan validation, B=0, CUDA  : %7.3f us\n",
+              time_per_call(calls * 10, rounds, [&] { call_with_plan(pretend_plan, pretend); }));
   std::vector<char> host(views_bytes(0, 16, 256) + 256);
   char* host_base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(host.data()) + 255) / 256 * 256);
   const Views cpu = views_at(host_base, Device{}, 0, 16, DType::kFloat8E4M3, 256);
@@ -144,6 +158,11 @@ int main(int argc, char** argv) {
                                           [&] { cuda(cudaStreamSynchronize(stream), "sync"); });
     std::printf("(b) mla_decode full GPU call, %-13s B=1 H=16 : %7.3f us (%d calls per round)\n",
                 dtype_name(dtype), per_call, gpu_calls);
+    const DecodePlan plan = plan_of(gpu, s);
+    const double planned_per_call = time_per_call(gpu_calls, rounds, [&] { call_with_plan(plan, gpu, s); },
+                                                  [&] { cuda(cudaStreamSynchronize(stream), "sync"); });
+    std::printf("(b) mla_decode_with_plan (plan reused), %-13s : %7.3f us (%d calls per round)\n",
+                dtype_name(dtype), planned_per_call, gpu_calls);
 
     MlaBackendConfig config;
     config.num_heads = kHeads;

@@ -58,9 +58,10 @@ if [ "$sanitize" = 1 ]; then
   # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
   every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
   every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
-  every_op+=':*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule:BackendGpu.ExtendSlotListsFollowThePageTable'
+  every_op+=':*DecodePlanGpu.OnePlanServesEveryLayerOfAStep*:*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule'
+  every_op+=':BackendGpu.ExtendSlotListsFollowThePageTable'
   every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
-  initcheck_set='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill*:DeterminismGpuMerge.*'
+  initcheck_set='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill/float8*:DeterminismGpuMerge.*'
   # The four tools run side by side and beside the tests (each is bound by one host core; the
   # GPU has room for all; nothing here is timed), collected after the tests.
   declare -A tool_pid

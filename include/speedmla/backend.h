@@ -51,6 +51,12 @@ struct MlaBackendConfig {
                                  // extend batches, and may alias its target's graph block table
   bool seed_compatible = false;  // also enforce tokenspeed_mla's limits: FP8 cache, page 32 or 64
   int64_t chunked_prefill_capacity = kDefaultChunkedPrefillCapacity;  // prefix tokens per loop
+  // Decode's split policy (speedmla/decode.h, mla_decode_plan): 0 balances each batch over the
+  // SMs; > 0 (a multiple of 64, e.g. kDefaultInvariantSplitTokens) makes decode batch-invariant,
+  // each request's out and lse bit-identical whatever else is in the batch, at the cost the
+  // header describes (fewer SMs busy on small batches, and a workspace that grows with
+  // max(batch) * context_len / invariant_split_tokens partial results).
+  int64_t invariant_split_tokens = 0;
   Device device{};               // where metadata and workspace live (CPU runs the reference)
 
   int64_t num_local_heads() const { return tp_size > 0 ? num_heads / tp_size : 0; }
@@ -215,6 +221,12 @@ class MlaBackend {
   // FP8 cache: BF16 q is quantised (× 1) into the workspace, softmax_scale = k_scale · scaling
   // and output_scale = k_scale (V is the cache's latent part). BF16 cache: softmax_scale =
   // scaling, output_scale = 1.
+  // The split-KV plan (mla_decode_plan) is made once per step: the first forward_decode after
+  // the metadata was built makes it in the workspace it uses, and the step's later layers (the
+  // same bs, q_len, rows and workspace) reuse it, launching only the attention kernel and the
+  // combine. A graph's replay metadata call remakes the plan of that graph in place, so captured
+  // graphs hold no planner. Hence seq_lens must keep its values from the metadata call to the
+  // last forward_decode of the step (the engine's contract already: the metadata aliases it).
   // Workspace: this backend's own, one per stream (two batches on two streams, or a draft
   // backend on a side stream, never share scratch), or, when the decode metadata comes from a
   // CUDA-graph capture or replay, the one buffer of this backend's graphs (its graphs must not

@@ -116,6 +116,31 @@ void validate_context_parallel(const detail::ArgChecker& check, const DecodeCont
                 "), got ", cp.rank);
 }
 
+// The batch-invariant piece size in 64-token blocks (0: the balanced policy).
+int64_t split_blocks_of(const detail::ArgChecker& check, int64_t invariant_split_tokens) {
+  check.require(invariant_split_tokens >= 0 && invariant_split_tokens % dk::kBlockTokens == 0 &&
+                    invariant_split_tokens < (int64_t{1} << 31),
+                "invariant_split_tokens must be 0 (the balanced plan) or a positive multiple of ", dk::kBlockTokens,
+                " below 2^31, got ", invariant_split_tokens);
+  return invariant_split_tokens / dk::kBlockTokens;
+}
+
+// 64-token blocks the planner counts for a request that may hold `tokens` (at least one), rounded
+// up to whole pieces of the batch-invariant policy.
+int64_t planned_blocks(int64_t tokens, int64_t split_blocks) {
+  const int64_t blocks = std::max<int64_t>(1, (tokens + dk::kBlockTokens - 1) / dk::kBlockTokens);
+  return split_blocks > 0 ? (blocks + split_blocks - 1) / split_blocks * split_blocks : blocks;
+}
+
+void check_workspace_size_args(const detail::ArgChecker& check, int64_t batch, int64_t num_heads, int64_t q_len,
+                               int num_sms) {
+  check.require(batch >= 1, "batch must be >= 1, got ", batch);
+  check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
+                "], got ", num_heads);
+  check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
+  check.require(num_sms >= 1, "num_sms must be >= 1, got ", num_sms);
+}
+
 }  // namespace
 
 bool decode_page_size_supported(int64_t page_size) {
@@ -124,12 +149,21 @@ bool decode_page_size_supported(int64_t page_size) {
 
 size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
   detail::ArgChecker check("mla_decode_workspace_size");
-  check.require(batch >= 1, "batch must be >= 1, got ", batch);
-  check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
-                "], got ", num_heads);
-  check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
-  check.require(num_sms >= 1, "num_sms must be >= 1, got ", num_sms);
+  check_workspace_size_args(check, batch, num_heads, q_len, num_sms);
   return dk::workspace_layout(batch, num_heads, q_len, num_sms).total_bytes;
+}
+
+size_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms,
+                                 int64_t max_kv_tokens, int64_t invariant_split_tokens) {
+  detail::ArgChecker check("mla_decode_workspace_size");
+  check_workspace_size_args(check, batch, num_heads, q_len, num_sms);
+  check.require(max_kv_tokens >= 1 && max_kv_tokens < (int64_t{1} << 31), "max_kv_tokens must be in [1, 2^31), got ",
+                max_kv_tokens);
+  const int64_t split_blocks = split_blocks_of(check, invariant_split_tokens);
+  const int64_t blocks = planned_blocks(max_kv_tokens, split_blocks);
+  check.require(batch <= (kMaxDecodeBlocks - 1) / blocks, "batch times the 64-token blocks of max_kv_tokens (",
+                blocks, " after rounding up to whole pieces) must be < 2^30, got batch ", batch);
+  return dk::workspace_layout(batch, num_heads, q_len, num_sms, split_blocks, blocks).total_bytes;
 }
 
 int device_sm_count(int device) {
@@ -212,7 +246,8 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
                           const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
                           const TensorView& out, const std::optional<TensorView>& lse,
                           const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
-                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel) {
+                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel,
+                          const DecodePlan* plan) {
   // The check mode's view of the device-side values (speedmla/check.h).
   const kernels::DecodeValuesCheck values{seq_lens.ptr<const int32_t>(), block_table.ptr<const int32_t>(),
                                           block_table.strides[0], shape.batch, shape.max_pages, shape.page_size,
@@ -225,7 +260,11 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
   if (shape.batch == 0) return;
 
   DeviceGuard guard(q.device, check.function());
-  const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms);
+  // A plan's layout is the one mla_decode_plan carved (its partial results may need more slots).
+  const int64_t split_blocks = plan != nullptr ? plan->invariant_split_tokens / dk::kBlockTokens : 0;
+  const dk::WorkspaceLayout layout =
+      dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms, split_blocks,
+                           planned_blocks(shape.max_pages * shape.page_size, split_blocks));
   dk::DecodeLaunch launch{};
   launch.fp8 = q.dtype == DType::kFloat8E4M3;
   launch.batch = static_cast<int>(shape.batch);
@@ -260,17 +299,137 @@ void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, con
   launch.layout = layout;
   launch.softmax_scale = softmax_scale;
   launch.output_scale = output_scale;
+  launch.split_units = static_cast<int>(split_blocks);
   if (device_checks_enabled()) {
     kernels::run_check_decode_values(values, stream);
     check_cuda(cudaGetLastError(), check.function(), "the check mode's validation kernel launch");
   }
-  const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream));
+  const dk::DecodeLaunchStatus status = dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream),
+                                                       plan != nullptr ? dk::DecodeSteps::kWithPlan : dk::DecodeSteps::kAll);
   check.require(status.tensor_map == 0, "could not describe kv_cache to the TMA unit (cuTensorMapEncodeTiled error ",
                 status.tensor_map, ")");
   check_cuda(status.cuda, check.function(), "the shared-memory opt-in or a kernel launch");
 }
 
+void check_plan_matches(const ArgChecker& check, const DecodePlan& plan, const DecodeShape& shape,
+                        const TensorView& q, const TensorView& seq_lens) {
+  constexpr const char* kRemake = " (make a plan for this call with mla_decode_plan)";
+  check.require(plan.made, "plan must come from mla_decode_plan, got a default-constructed DecodePlan");
+  check.require(plan.batch == shape.batch, "plan was made for a batch of ", plan.batch, " requests, got q.shape[0] = ",
+                shape.batch, kRemake);
+  check.require(plan.num_heads == shape.heads, "plan was made for ", plan.num_heads, " heads, got q.shape[2] = ",
+                shape.heads, kRemake);
+  check.require(plan.q_len == shape.q_len, "plan was made for q_len ", plan.q_len, ", got q.shape[1] = ", shape.q_len,
+                kRemake);
+  check.require(plan.dtype == q.dtype, "plan was made for ", dtype_name(plan.dtype), " q and kv_cache, got ",
+                dtype_name(q.dtype), kRemake);
+  check.require(plan.max_pages == shape.max_pages, "plan was made for a block table of ", plan.max_pages,
+                " pages per request, got block_table.shape[1] = ", shape.max_pages, kRemake);
+  check.require(plan.page_size == shape.page_size, "plan was made for page_size ", plan.page_size,
+                ", got kv_cache.shape[1] = ", shape.page_size, kRemake);
+  check.require(plan.device == q.device, "plan was made on ", device_of(plan.device), ", got tensors on ",
+                device_of(q.device), kRemake);
+  check.require(plan.num_sms == shape.num_sms, "plan was made for ", plan.num_sms, " multiprocessors, the device has ",
+                shape.num_sms, kRemake);
+  check.require(plan.seq_lens == seq_lens.data,
+                "seq_lens must be the tensor the plan was made from (the plan follows its values)", kRemake);
+}
+
 }  // namespace detail
+
+DecodePlan mla_decode_plan(const TensorView& seq_lens, const TensorView& block_table, int64_t num_heads,
+                           int64_t q_len, DType dtype, int64_t page_size, const std::optional<TensorView>& workspace,
+                           int64_t invariant_split_tokens, Stream stream) {
+  const detail::ArgChecker check("mla_decode_plan");
+  check.defined(seq_lens, "seq_lens", 1);
+  check.dtype(seq_lens, "seq_lens", {DType::kInt32});
+  check.contiguous(seq_lens, "seq_lens");
+  const int64_t batch = seq_lens.shape[0];
+  check.defined(block_table, "block_table", 2);
+  check.dtype(block_table, "block_table", {DType::kInt32});
+  check.dim(block_table, "block_table", 0, batch);
+  check.same_device(block_table, "block_table", seq_lens.device);
+  check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
+                "], got ", num_heads);
+  check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
+  check.require(dtype == DType::kFloat8E4M3 || dtype == DType::kBFloat16,
+                "dtype must be float8_e4m3fn or bfloat16 (the dtype of q and kv_cache), got ", dtype_name(dtype));
+  check.require(page_size >= 1, "page_size must be >= 1, got ", page_size);
+  const int64_t split_blocks = split_blocks_of(check, invariant_split_tokens);
+  if (workspace) {
+    check.defined(*workspace, "workspace", workspace->ndim);
+    check.same_device(*workspace, "workspace", seq_lens.device);
+  }
+  DecodePlan plan;
+  plan.made = true;
+  plan.batch = batch;
+  plan.num_heads = num_heads;
+  plan.q_len = q_len;
+  plan.max_pages = block_table.shape[1];
+  plan.page_size = page_size;
+  plan.dtype = dtype;
+  plan.device = seq_lens.device;
+  plan.invariant_split_tokens = invariant_split_tokens;
+  plan.seq_lens = seq_lens.data;
+  plan.workspace = workspace;
+  if (!seq_lens.is_cuda() || batch == 0) return plan;  // the CPU reference needs no plan; nothing to plan
+
+  // The GPU checks of mla_decode that concern the plan, then the workspace of its policy.
+  check.require(decode_page_size_supported(page_size), "page_size must be a power of two in [1, 128] on the GPU, got ",
+                page_size);
+  const int64_t max_tokens = plan.max_pages * page_size;
+  check.require(max_tokens < (int64_t{1} << 31), "block_table.shape[1] * page_size must be < 2^31 tokens, got ",
+                max_tokens);
+  const int64_t blocks = planned_blocks(max_tokens, split_blocks);
+  check.require(batch <= (kMaxDecodeBlocks - 1) / blocks, "seq_lens.shape[0] (batch) times the blocks of 64 tokens a "
+                "block_table row can hold (", blocks, ", rounded up to whole pieces) must be < 2^30 on the GPU, got ",
+                batch);
+  detail::require_sm90(check, seq_lens.device);
+  plan.num_sms = device_sm_count(seq_lens.device.index);
+  const dk::WorkspaceLayout layout =
+      dk::workspace_layout(batch, num_heads, q_len, plan.num_sms, split_blocks, blocks);
+  check.require(workspace.has_value(), "workspace is required for CUDA tensors (", layout.total_bytes,
+                " bytes: mla_decode_workspace_size)");
+  const TensorView& ws = *workspace;
+  check.contiguous(ws, "workspace");
+  check.require(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0, "workspace must be 256-byte aligned");
+  const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
+  check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
+                " bytes (mla_decode_workspace_size(", batch, ", ", num_heads, ", ", q_len, ", ", plan.num_sms, ", ",
+                max_tokens, ", ", invariant_split_tokens, ")), got ", ws_bytes);
+  check.disjoint(ws, "workspace", seq_lens, "seq_lens");
+  check.disjoint(ws, "workspace", block_table, "block_table");
+
+  detail::DeviceGuard guard(seq_lens.device, check.function());
+  dk::DecodeLaunch launch{};
+  launch.fp8 = dtype == DType::kFloat8E4M3;
+  launch.batch = static_cast<int>(batch);
+  launch.q_len = static_cast<int>(q_len);
+  launch.num_heads = static_cast<int>(num_heads);
+  launch.page_size = static_cast<int>(page_size);
+  launch.max_pages = static_cast<int>(plan.max_pages);
+  launch.seq_lens = seq_lens.ptr<int32_t>();
+  launch.workspace = ws.data;
+  launch.layout = layout;
+  launch.split_units = static_cast<int>(split_blocks);
+  const dk::DecodeLaunchStatus status =
+      dk::run_decode(launch, reinterpret_cast<cudaStream_t>(stream), dk::DecodeSteps::kPlan);
+  detail::check_cuda(status.cuda, check.function(), "the planner's launch");
+  return plan;
+}
+
+void mla_decode_with_plan(const DecodePlan& plan, const TensorView& q, const TensorView& kv_cache,
+                          const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
+                          const std::optional<TensorView>& lse, float softmax_scale, float output_scale,
+                          Stream stream) {
+  const detail::ArgChecker check("mla_decode_with_plan");
+  check.require(plan.made, "plan must come from mla_decode_plan, got a default-constructed DecodePlan");
+  const detail::DecodeShape shape = detail::validate_decode(check, q, kv_cache, block_table, seq_lens, out, lse,
+                                                            plan.workspace, softmax_scale, output_scale);
+  detail::check_plan_matches(check, plan, shape, q, seq_lens);
+  detail::run_decode_validated(check, shape, q, kv_cache, block_table, seq_lens, out, lse, plan.workspace,
+                               softmax_scale, output_scale, stream, std::nullopt, &plan);
+}
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const std::optional<TensorView>& lse,

@@ -26,13 +26,22 @@ DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const 
                             float softmax_scale, float output_scale,
                             const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
 
+// That `plan` (from mla_decode_plan) was made for a call validate_decode accepted with `shape`:
+// the same batch, heads, q_len, dtype, block-table width, page size, device and seq_lens tensor.
+// Error names what differs.
+void check_plan_matches(const ArgChecker& check, const DecodePlan& plan, const DecodeShape& shape,
+                        const TensorView& q, const TensorView& seq_lens);
+
 // mla_decode's work on arguments validate_decode accepted, with the shape it returned: the CPU
-// reference, or the SM90 kernels on `stream`. Checks no argument; `check` names the function in
+// reference, or the SM90 kernels on `stream`. With `plan` (checked by check_plan_matches, its
+// workspace passed as `workspace`) the planner is not launched: the main kernel and the combine
+// follow the plan already in the workspace. Checks no argument; `check` names the function in
 // the launch errors.
 void run_decode_validated(const ArgChecker& check, const DecodeShape& shape, const TensorView& q,
                           const TensorView& kv_cache, const TensorView& block_table, const TensorView& seq_lens,
                           const TensorView& out, const std::optional<TensorView>& lse,
                           const std::optional<TensorView>& workspace, float softmax_scale, float output_scale,
-                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);
+                          Stream stream, const std::optional<DecodeContextParallel>& context_parallel = std::nullopt,
+                          const DecodePlan* plan = nullptr);
 
 }  // namespace speedmla::detail

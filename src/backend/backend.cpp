@@ -93,6 +93,10 @@ void validate_config(const MlaBackendConfig& config) {
             "graphs), got ", config.max_graph_batch);
   c.require(config.num_draft_tokens >= 0, "config.num_draft_tokens must be >= 0, got ",
             config.num_draft_tokens);
+  c.require(config.invariant_split_tokens >= 0 && config.invariant_split_tokens % 64 == 0 &&
+                config.invariant_split_tokens <= kInt32Max,
+            "config.invariant_split_tokens must be 0 (balanced decode) or a positive multiple of 64 below "
+            "2^31, got ", config.invariant_split_tokens);
   c.require(config.chunked_prefill_capacity >= 1 && config.chunked_prefill_capacity <= kInt32Max,
             "config.chunked_prefill_capacity must be in [1, 2^31 - 1] tokens, got ",
             config.chunked_prefill_capacity);
@@ -160,6 +164,9 @@ struct MlaBackend::Impl {
   std::optional<DecodeMetadata> decode;
   std::optional<ExtendMetadata> extend;
   std::shared_ptr<DeviceBuffer> extend_storage;  // grow-only; see build_extend
+  // The decode step's split-KV plan (GPU), made by the step's first forward_decode; dropped when
+  // the metadata changes.
+  std::optional<DecodePlan> plan;
 
   struct GraphState {
     int64_t max_bs = 0;
@@ -167,10 +174,20 @@ struct MlaBackend::Impl {
     TensorView seq_lens_buf;
     bool aliased = false;
     std::map<int64_t, DecodeMetadata> captured;  // by batch size
+    // The plan each graph's decode calls follow (by batch size), remade before each replay.
+    std::map<int64_t, DecodePlan> plans;
   };
   std::optional<GraphState> graph;
 
   int64_t max_rows() const { return std::max(config.max_batch, config.max_graph_batch); }
+  // Bytes of mla_decode's workspace (GPU) for `batch` requests of `q_len` tokens, in the
+  // configured split policy, aligned for what follows it.
+  size_t decode_workspace_bytes(int64_t batch, int64_t q_len) const {
+    return align_up(mla_decode_workspace_size(batch, config.num_local_heads(), q_len,
+                                              device_sm_count(config.device.index), width * config.page_size,
+                                              config.invariant_split_tokens),
+                    kBufferAlignment);
+  }
 
   void build_extend(const ArgChecker& c, int64_t num_extends, const ExtendLens& lens,
                     const TensorView& req_pool_indices, const TensorView& req_to_page,
@@ -289,9 +306,7 @@ size_t MlaBackend::workspace_bytes(int64_t batch, int64_t q_len) const {
   const MlaBackendConfig& cfg = impl_->config;
   const int64_t heads = cfg.num_local_heads();
   size_t bytes = 0;
-  if (cfg.device.kind == DeviceKind::kCUDA)
-    bytes = align_up(mla_decode_workspace_size(batch, heads, q_len, device_sm_count(cfg.device.index)),
-                     kBufferAlignment);
+  if (cfg.device.kind == DeviceKind::kCUDA) bytes = impl_->decode_workspace_bytes(batch, q_len);
   if (cfg.kv_cache_dtype == DType::kFloat8E4M3)
     bytes += static_cast<size_t>(batch * q_len * heads * kCacheRowDim);
   return bytes;
@@ -337,6 +352,7 @@ void MlaBackend::init_forward_metadata(int64_t bs, int64_t num_extends,
   } else {
     s.decode.reset();
   }
+  s.plan.reset();  // new seq_lens: the next forward_decode plans again
   if (!builds_extend) s.extend.reset();  // last: a failed call above keeps the old metadata
 }
 
@@ -381,6 +397,7 @@ void MlaBackend::init_cuda_graph_state(int64_t max_bs, const TensorView& seq_len
       .seq_lens_buf = seq_lens_buf,
       .aliased = false,
       .captured = {},
+      .plans = {},
   };
   // The graphs' workspace, before any capture: sized for every graph batch at decode_q_len().
   const size_t bytes = workspace_bytes(max_bs, s.config.decode_q_len());
@@ -425,7 +442,9 @@ void MlaBackend::init_forward_metadata_capture_cuda_graph(int64_t bs, ForwardMod
       .storage = s.graph->table,
   };
   s.graph->captured[bs] = md;
+  s.graph->plans.erase(bs);
   s.decode = std::move(md);
+  s.plan.reset();
 }
 
 void MlaBackend::init_forward_metadata_replay_cuda_graph(int64_t bs,
@@ -447,6 +466,17 @@ void MlaBackend::init_forward_metadata_replay_cuda_graph(int64_t bs,
     detail::build_block_table(c.function(), *req_to_page, req_pool_indices, num_real,
                               it->second.block_table, stream);
   s.decode = it->second;
+  s.plan.reset();
+  // The graph's decode calls follow the plan in its workspace: remade here for the new seq_lens
+  // (the engine wrote them before this call), in the buffer the graph was captured with.
+  const auto planned = s.graph->plans.find(bs);
+  if (planned != s.graph->plans.end()) {
+    const DecodePlan& old = planned->second;
+    const DecodeMetadata& md = it->second;
+    s.plan = mla_decode_plan(detail::slice_rows(md.seq_lens, 0, old.batch), detail::slice_rows(md.block_table, 0, old.batch),
+                             old.num_heads, old.q_len, old.dtype, old.page_size, old.workspace,
+                             old.invariant_split_tokens, stream);
+  }
 }
 
 void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache, int64_t bs,
@@ -489,10 +519,7 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
   // a buffer that must grow is sized for the largest batch at once.
   const bool gpu = s.config.device.kind == DeviceKind::kCUDA;
   const bool quantize = fp8 && q4.dtype != DType::kFloat8E4M3;
-  const size_t decode_bytes =
-      gpu ? align_up(mla_decode_workspace_size(bs, heads, q_len, device_sm_count(s.config.device.index)),
-                     kBufferAlignment)
-          : 0;
+  const size_t decode_bytes = gpu ? s.decode_workspace_bytes(bs, q_len) : 0;
   const size_t needed = decode_bytes + (quantize ? static_cast<size_t>(bs * q_len * heads * kCacheRowDim) : 0);
   TensorView workspace{};
   if (needed > 0) {
@@ -543,11 +570,25 @@ void MlaBackend::forward_decode(const TensorView& q, const TensorView& kv_cache,
     detail::validate_kv_cache_write_inputs(write_check, kv_cache, new_kv->slots, latent, rope, write_scale);
   }
 
+  // The step's plan: reused when made for these rows, this q_len and this workspace (the
+  // step's first layer makes it; checked by check_plan_matches like any other plan).
+  const DecodePlan* plan = nullptr;
+  if (gpu) {
+    if (!(s.plan && s.plan->batch == bs && s.plan->q_len == q_len && s.plan->seq_lens == seq_lens.data &&
+          s.plan->workspace->data == decode_workspace->data)) {
+      s.plan = mla_decode_plan(seq_lens, block_table, heads, q_len, query.dtype, s.config.page_size, decode_workspace,
+                               s.config.invariant_split_tokens, stream);
+      if (s.graph && md.storage == s.graph->table) s.graph->plans[md.block_table.shape[0]] = *s.plan;
+    }
+    plan = &*s.plan;
+    detail::check_plan_matches(c, *plan, shape, query, seq_lens);
+  }
+
   if (new_kv)
     detail::run_kv_cache_write_validated(write_check, kv_cache, new_kv->slots, latent, rope, write_scale, stream);
   if (quantize) detail::run_quantize_fp8_validated(c, q4, query, 1.0f, stream);
   detail::run_decode_validated(c, shape, query, kv_cache, block_table, seq_lens, out4, lse3,
-                               decode_workspace, softmax_scale, output_scale, stream);
+                               decode_workspace, softmax_scale, output_scale, stream, std::nullopt, plan);
 }
 
 void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k,

@@ -761,6 +761,11 @@ Case make_case(Op op, std::mt19937_64& rng, Target target) {
     const std::string what = mutate(c, rng, target, plan);
     if (what != "none") c.mutations += (c.mutations.empty() ? "" : "; ") + what;
   }
+  // An output carved from an input's storage starts no earlier than the input's view (which a
+  // misalignment mutation may have moved past it), so that the two overlap and the call must
+  // be refused.
+  for (Arg& a : c.args)
+    if (a.inside_of >= 0) a.misalign_bytes = std::max(a.misalign_bytes, c.args[a.inside_of].misalign_bytes);
   // An alias follows its target's layout (and refuses to be one if the target changed).
   for (Arg& a : c.args) {
     if (a.alias_of < 0) continue;

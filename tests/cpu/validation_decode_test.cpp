@@ -517,5 +517,149 @@ TEST_F(DecodeContextParallelValidation, RankOutOfRange) {
                          "context_parallel.rank must be in [0, world = 2), got 2"));
 }
 
+// ---- the 6-argument mla_decode_workspace_size (either split policy) ----
+
+TEST_F(DecodeValidation, WorkspaceSizeOfABalancedPlanIsMlaDecodes) {
+  EXPECT_EQ(mla_decode_workspace_size(kB, kH, kQLen, 132, 1 << 20, 0), mla_decode_workspace_size(kB, kH, kQLen, 132));
+}
+
+TEST_F(DecodeValidation, WorkspaceSizeOfAnInvariantPlanHoldsEveryPieceOfTheLongestRequests) {
+  // 4 SMs, 16 rows: one row tile, 4 parts, 6 slots for the balanced plan.
+  const size_t balanced = mla_decode_workspace_size(8, 16, 1, 4);
+  // One piece per request: nothing is split, the balanced bound holds.
+  EXPECT_EQ(mla_decode_workspace_size(8, 16, 1, 4, 4096, 4096), balanced);
+  // Three pieces per request: 8 * 3 = 24 partial results of 16 rows * (512 + 1) FP32 values,
+  // 18 more than the balanced plan's (each of the two regions rounded up to 256 bytes).
+  const size_t three = mla_decode_workspace_size(8, 16, 1, 4, 3 * 4096, 4096);
+  const size_t more = size_t{24 - 6} * 16 * 513 * 4;
+  EXPECT_GE(three + 2 * 256, balanced + more);
+  EXPECT_LE(three, balanced + more + 2 * 256);
+  // A token more than three pieces is a fourth piece; a shorter piece size needs more.
+  EXPECT_GT(mla_decode_workspace_size(8, 16, 1, 4, 3 * 4096 + 1, 4096), three);
+  EXPECT_GT(mla_decode_workspace_size(8, 16, 1, 4, 3 * 4096, 2048), three);
+}
+
+TEST_F(DecodeValidation, WorkspaceSizeRefusesABadSplitOrLength) {
+  const std::string split = "mla_decode_workspace_size: invariant_split_tokens must be 0 (the balanced plan) or a "
+                            "positive multiple of 64";
+  for (int64_t tokens : {int64_t{-64}, int64_t{100}, int64_t{1} << 31}) {
+    SCOPED_TRACE(tokens);
+    EXPECT_TRUE(throws_error([&] { (void)mla_decode_workspace_size(kB, kH, kQLen, 132, 4096, tokens); }, {split}));
+  }
+  EXPECT_TRUE(throws_error([&] { (void)mla_decode_workspace_size(kB, kH, kQLen, 132, 0, 4096); },
+                           {"mla_decode_workspace_size: max_kv_tokens must be in [1, 2^31), got 0"}));
+  // 2^24 requests of 128 blocks are 2^31 blocks: past the planner's 2^30.
+  EXPECT_TRUE(throws_error([&] { (void)mla_decode_workspace_size(int64_t{1} << 24, kH, kQLen, 132, 8192, 4096); },
+                           {"mla_decode_workspace_size: batch times the 64-token blocks of max_kv_tokens (128"}));
+}
+
+// ---- mla_decode_plan and mla_decode_with_plan ----
+
+DecodePlan plan_for(const DecodeArgs& args, int64_t split_tokens = 0) {
+  return mla_decode_plan(args.seq_lens, args.block_table, args.q.shape[2], args.q.shape[1], args.q.dtype,
+                         args.kv_cache.shape[1], args.workspace, split_tokens);
+}
+
+void call_with_plan(const DecodePlan& plan, const DecodeArgs& args) {
+  mla_decode_with_plan(plan, args.q, args.kv_cache, args.block_table, args.seq_lens, args.out, args.lse,
+                       args.softmax_scale, args.output_scale);
+}
+
+TEST_F(DecodeValidation, WithPlanOnTheCpuGivesMlaDecodesBits) {
+  for (int64_t split : {int64_t{0}, int64_t{64}}) {
+    SCOPED_TRACE(split);
+    DecodeProblem planned(DType::kBFloat16), direct(DType::kBFloat16);
+    const DecodeArgs args = planned.args();
+    const DecodePlan plan = plan_for(args, split);
+    EXPECT_TRUE(plan.made);
+    EXPECT_EQ(plan.batch, kB);
+    EXPECT_EQ(plan.invariant_split_tokens, split);
+    // Reused: two "layers" on one plan.
+    for (int layer = 0; layer < 2; ++layer) ASSERT_NO_THROW(call_with_plan(plan, args));
+    direct.args().call();
+    EXPECT_TRUE(bitwise_equal(planned.out, direct.out));
+    EXPECT_TRUE(bitwise_equal(planned.lse, direct.lse));
+  }
+}
+
+// Success when mla_decode_with_plan(plan, args) throws an Error "mla_decode_with_plan: <text>".
+testing::AssertionResult plan_refused(const DecodePlan& plan, const DecodeArgs& args, const std::string& text) {
+  return throws_error([&] { call_with_plan(plan, args); }, {"mla_decode_with_plan: " + text});
+}
+
+TEST_F(DecodeValidation, WithPlanRefusesAPlanMadeForOtherShapes) {
+  const DecodeArgs args = problem_.args();
+  const TensorView& sl = args.seq_lens;
+  const TensorView& bt = args.block_table;
+  auto plan = [&](const TensorView& seq_lens, const TensorView& table, int64_t heads, int64_t q_len, DType dtype,
+                  int64_t page_size) {
+    return mla_decode_plan(seq_lens, table, heads, q_len, dtype, page_size, std::nullopt);
+  };
+  const std::string remake = " (make a plan for this call with mla_decode_plan)";
+  EXPECT_TRUE(plan_refused(DecodePlan{}, args, "plan must come from mla_decode_plan, got a default-constructed"));
+  TensorView one_seq = sl, one_row = bt;
+  one_seq.shape[0] = one_row.shape[0] = 1;
+  EXPECT_TRUE(plan_refused(plan(one_seq, one_row, kH, kQLen, DType::kBFloat16, kPageSize), args,
+                           "plan was made for a batch of 1 requests, got q.shape[0] = 2" + remake));
+  EXPECT_TRUE(plan_refused(plan(sl, bt, kH + 1, kQLen, DType::kBFloat16, kPageSize), args,
+                           "plan was made for 4 heads, got q.shape[2] = 3" + remake));
+  EXPECT_TRUE(plan_refused(plan(sl, bt, kH, 1, DType::kBFloat16, kPageSize), args,
+                           "plan was made for q_len 1, got q.shape[1] = 2" + remake));
+  EXPECT_TRUE(plan_refused(plan(sl, bt, kH, kQLen, DType::kFloat8E4M3, kPageSize), args,
+                           "plan was made for float8_e4m3fn q and kv_cache, got bfloat16" + remake));
+  TensorView narrow = bt;
+  narrow.shape[1] = 1;
+  EXPECT_TRUE(plan_refused(plan(sl, narrow, kH, kQLen, DType::kBFloat16, kPageSize), args,
+                           "plan was made for a block table of 1 pages per request, got block_table.shape[1] = 2" +
+                               remake));
+  EXPECT_TRUE(plan_refused(plan(sl, bt, kH, kQLen, DType::kBFloat16, 2 * kPageSize), args,
+                           "plan was made for page_size 8, got kv_cache.shape[1] = 4" + remake));
+  const HostTensor copy = problem_.seq_lens;  // the same values elsewhere: the plan cannot know them
+  EXPECT_TRUE(plan_refused(plan(copy.view(), bt, kH, kQLen, DType::kBFloat16, kPageSize), args,
+                           "seq_lens must be the tensor the plan was made from"));
+  DecodePlan elsewhere = plan(sl, bt, kH, kQLen, DType::kBFloat16, kPageSize);
+  elsewhere.device = kCuda;
+  EXPECT_TRUE(plan_refused(elsewhere, args, "plan was made on cuda:0, got tensors on cpu" + remake));
+  // The call's own arguments are checked first, as by mla_decode.
+  DecodeArgs broken = args;
+  broken.softmax_scale = kNaN;
+  EXPECT_TRUE(plan_refused(plan(sl, bt, kH, kQLen, DType::kBFloat16, kPageSize), broken,
+                           "softmax_scale must be finite and > 0"));
+}
+
+TEST_F(DecodeValidation, PlanRefusesBadArguments) {
+  const DecodeArgs args = problem_.args();
+  auto refused_plan = [&](const std::function<DecodePlan()>& make, const std::string& text) {
+    return throws_error([&] { (void)make(); }, {"mla_decode_plan: " + text});
+  };
+  const TensorView& sl = args.seq_lens;
+  const TensorView& bt = args.block_table;
+  constexpr DType kBf16 = DType::kBFloat16;
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, bt, 0, kQLen, kBf16, kPageSize, std::nullopt); },
+                           "num_heads must be in [1, 128], got 0"));
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, bt, kH, 1025, kBf16, kPageSize, std::nullopt); },
+                           "q_len must be in [1, 1024], got 1025"));
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, bt, kH, kQLen, DType::kFloat32, kPageSize, std::nullopt); },
+                           "dtype must be float8_e4m3fn or bfloat16"));
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, bt, kH, kQLen, kBf16, 0, std::nullopt); },
+                           "page_size must be >= 1, got 0"));
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, bt, kH, kQLen, kBf16, kPageSize, std::nullopt, 100); },
+                           "invariant_split_tokens must be 0 (the balanced plan) or a positive multiple of 64"));
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(bt, bt, kH, kQLen, kBf16, kPageSize, std::nullopt); },
+                           "seq_lens must have 1 dimension"));
+  TensorView one_row = bt;
+  one_row.shape[0] = 1;
+  EXPECT_TRUE(refused_plan([&] { return mla_decode_plan(sl, one_row, kH, kQLen, kBf16, kPageSize, std::nullopt); },
+                           "block_table.shape[0] must be 2"));
+  // Tensors on a GPU with a CPU workspace: refused before anything is read or launched.
+  TensorView gpu_seq = sl, gpu_table = bt;
+  gpu_seq.data = gpu_table.data = kDevicePointer;
+  gpu_seq.device = gpu_table.device = kCuda;
+  const HostTensor cpu_workspace(DType::kUInt8, {256});
+  EXPECT_TRUE(refused_plan(
+      [&] { return mla_decode_plan(gpu_seq, gpu_table, kH, kQLen, kBf16, 64, cpu_workspace.view()); },
+      "workspace must be on cuda:0"));
+}
+
 }  // namespace
 }  // namespace speedmla::test

@@ -11,13 +11,15 @@ namespace {
 // of the warp's 128, so each load instruction of a warp reads 512 contiguous bytes. Warps meet
 // at no CTA barrier: each computes its row's piece weights itself (a few exponentials), 32
 // pieces at a time, one per lane, broadcast by shuffles. A request has at most num_parts
-// pieces; long contexts on small batches have many (B = 4: ~33), and few rows, so splitting a
+// pieces in the balanced policy (any number in the batch-invariant one); long contexts on small batches have many (B = 4: ~33), and few rows, so splitting a
 // row's columns over four warps is what keeps enough loads in flight to reach the memory's
 // bandwidth there.
 //
-// Grid: (row pairs, columns). At most num_parts - 1 requests are split (every cut between two
-// parts lies inside one request), so min(batch, num_parts - 1) CTA columns suffice: column y
-// combines the split ones among requests y, y + columns, ... The host cannot know which (the
+// Grid: (row pairs, columns). In the balanced policy at most num_parts - 1 requests are split
+// (every cut between two parts lies inside one request), so min(batch, num_parts - 1) CTA
+// columns suffice: column y combines the split ones among requests y, y + columns, ... (the
+// batch-invariant policy may split more; the columns then take more requests each, in the
+// same fixed order). The host cannot know which (the
 // plan is made on the GPU); one CTA per request and row pair instead made 8192 CTAs at B = 128,
 // H = 64, q_len 2, about 8 us of launching CTAs that mostly find nothing to do.
 constexpr int kColumnsPerWarp = 128;
@@ -45,9 +47,9 @@ __device__ __forceinline__ void accumulate(float4& acc, float w, const float4& x
 // holds few such warps and each waits on memory, so the first kPiecesAhead partials are
 // loaded together with the pieces' LSE (one per lane, kept for the weights): one memory round
 // trip before the first accumulation, where loading the partials after the weights took three.
-__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int units_per_part, int request,
+__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int piece_units, int request,
                             int row, int column, int lane) {
-  const int num_splits = request_num_splits(plan, units_per_part);
+  const int num_splits = request_num_splits(plan, piece_units);
   const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
   const float4* src = reinterpret_cast<const float4*>(
       p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow;
   const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
   if (row >= p.num_rows) return;
-  const int units_per_part = p.plan_header->units_per_part;  // in flight with the plans below
+  const int piece_units = p.plan_header->piece_units;  // in flight with the plans below
   // This column's requests, 32 at a time: lane i reads the plan of the i-th (one round trip
   // for all), and the split ones are combined in order. The others were written directly by
   // the main kernel.
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
     const bool split = mine < p.batch && p.plans[mine].split_slot >= 0;
     for (uint32_t pending = __ballot_sync(0xffffffffu, split); pending != 0; pending &= pending - 1) {
       const int request = first + (__ffs(pending) - 1) * columns;
-      combine_row(p, p.plans[request], units_per_part, request, row, column, lane);
+      combine_row(p, p.plans[request], piece_units, request, row, column, lane);
     }
   }
 }

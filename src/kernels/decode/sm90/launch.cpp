@@ -6,7 +6,11 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream) {
+DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream, DecodeSteps steps) {
+  if (steps == DecodeSteps::kPlan) {
+    run_decode_schedule(make_decode_params(launch), stream);
+    return DecodeLaunchStatus{0, cudaGetLastError()};
+  }
   // Without its opt-in the main kernel would not run while the schedule and combine kernels
   // would, leaving a wrong output and no error: the map and the opt-in come before any launch.
   using Prepare = DecodeLaunchStatus (*)(const DecodeLaunch&, CUtensorMap*);
@@ -23,7 +27,7 @@ DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream) {
     return status;
   }
   const DecodeParams params = make_decode_params(launch);
-  run_decode_schedule(params, stream);
+  if (steps == DecodeSteps::kAll) run_decode_schedule(params, stream);
   status.cuda = launch_main(kv_map, params, stream);
   if (status.cuda != cudaSuccess) return status;
   if (params.num_slots > 0) run_decode_combine(params, stream);

@@ -1,5 +1,5 @@
-// Host entry of the SM90 decode: plan, main kernel, combine — three launches on one stream,
-// no allocation, no host synchronisation. The launcher owns every kernel detail: it fills the
+// Host entry of the SM90 decode: plan, main kernel, combine — three launches on one stream (or
+// the plan alone, or the other two on a plan made earlier), no allocation, no host synchronisation. The launcher owns every kernel detail: it fills the
 // DecodeParams, encodes the cache's TMA map from the kernel traits and sets the kernel's
 // shared-memory opt-in; the API layer (src/api/decode.cpp) only validates and dispatches.
 #pragma once
@@ -36,8 +36,9 @@ struct DecodeLaunch {
   float* lse;                // [B, q_len, H] or nullptr
   int64_t lse_stride_batch, lse_stride_token, lse_stride_head;
   void* workspace;           // layout.total_bytes or more, 256-byte aligned
-  WorkspaceLayout layout;    // workspace_layout(batch, num_heads, q_len, SMs of the device)
+  WorkspaceLayout layout;    // workspace_layout(batch, num_heads, q_len, SMs of the device[, split])
   float softmax_scale, output_scale;
+  int split_units;           // the planner's policy: 0 balanced, > 0 batch-invariant (DecodeParams)
 };
 
 // What failed, if anything: encoding the cache's TMA map (a CUresult), or a CUDA call (the
@@ -64,8 +65,14 @@ cudaError_t launch_decode_fp8_copied_rows(const CUtensorMap& kv_map, const Decod
 cudaError_t launch_decode_bf16_copied_rows(const CUtensorMap& kv_map, const DecodeParams& params,
                                            cudaStream_t stream);
 
-// Schedule + main + combine on the current device. The map and the opt-in come first: when
-// either fails nothing is launched.
-DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream);
+// Which launches of the operation run: all three; the planner alone, writing the plan into the
+// workspace (mla_decode_plan: only the sizes, seq_lens, the workspace and split_units of the
+// launch are read); or the main kernel and the combine on a plan that the planner wrote
+// into this workspace earlier on the stream (mla_decode_with_plan).
+enum class DecodeSteps { kAll, kPlan, kWithPlan };
+
+// Schedule + main + combine (or the part `steps` names) on the current device. The map and the
+// opt-in come first: when either fails nothing is launched.
+DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream, DecodeSteps steps = DecodeSteps::kAll);
 
 }  // namespace speedmla::kernels::decode_sm90

@@ -29,14 +29,19 @@ inline DivisionMagic division_magic(uint32_t divisor) {
 struct RequestPlan {
   int first_unit;    // index of the request's first work unit in the batch-wide unit sequence
   int num_blocks;    // KV blocks of kBlockTokens tokens; 0 for an empty request; -1 if invalid
-  int first_part;    // first CTA part (split) that works on the request
+  int first_piece;   // first_unit / piece_units: the plan's piece holding the request's first unit
   int split_slot;    // first partial-result slot when num_splits > 1; -1 otherwise
 };
 
 // Batch-wide numbers of the plan.
 struct PlanHeader {
-  int total_units;     // sum over requests of max(1, num_blocks): work units
+  int total_units;     // work units of the batch (see schedule.cu: each request's max(1, num_blocks),
+                       // rounded up to a multiple of split_units in the batch-invariant policy)
   int units_per_part;  // chosen by the schedule kernel, >= ceil(total_units / num_parts)
+  // Pieces are cut at every multiple of piece_units in the unit sequence: units_per_part in
+  // the balanced policy (a part's pieces are its requests), split_units in the batch-invariant
+  // one (a part may hold several pieces of one request; each has its own partial result).
+  int piece_units;
 };
 
 struct DecodeParams {
@@ -88,6 +93,10 @@ struct DecodeParams {
   // What one partial-result slot costs, in units of the time a part spends on one KV block:
   // the schedule kernel weighs it against longer parts (split_slot_cost in workspace.h).
   float slot_cost_blocks;
+  // 0: the balanced policy (the schedule kernel weighs part sizes over the whole batch). > 0:
+  // the batch-invariant policy: every request is cut into pieces of split_units KV blocks,
+  // counted from its own first block, whatever else is in the batch.
+  int split_units;
   float score_scale_log2;      // softmax_scale * log2(e): scores in base-2 units
   float output_scale;
 };

@@ -19,10 +19,11 @@ __device__ __forceinline__ int request_num_blocks(const DecodeParams& p, int seq
 // Every request costs at least one unit so that some CTA writes its (possibly empty) output.
 __device__ __forceinline__ int request_units(int num_blocks) { return num_blocks > 1 ? num_blocks : 1; }
 
-// Number of parts (splits) a request is cut into.
-__device__ __forceinline__ int request_num_splits(const RequestPlan& plan, int units_per_part) {
-  const int last_part = (plan.first_unit + request_units(plan.num_blocks) - 1) / units_per_part;
-  return last_part - plan.first_part + 1;
+// Number of pieces (splits) a request is cut into: those of the unit sequence's runs of
+// piece_units (PlanHeader) that hold one of its units.
+__device__ __forceinline__ int request_num_splits(const RequestPlan& plan, int piece_units) {
+  const int last_piece = (plan.first_unit + request_units(plan.num_blocks) - 1) / piece_units;
+  return last_piece - plan.first_piece + 1;
 }
 
 // One request's share of a part: KV blocks [block_begin, block_end) and where the result goes.
@@ -33,44 +34,63 @@ struct PartPiece {
   int slot;          // partial-result slot, or -1 when this piece is the whole request
 };
 
-// Walks the pieces of one part in order. Usage:
+// Walks the pieces of one part in order: its units [unit_begin, unit_end), cut where a request
+// ends and at every multiple of piece_units (in the balanced policy that is the part's own
+// end, so a piece is a request's share of the part). Usage:
 //   for (PartWalker w(p, part); w.valid(); w.next()) { PartPiece piece = w.piece(); ... }
 class PartWalker {
  public:
   __device__ PartWalker(const DecodeParams& p, int part) : p_(p) {
     const PlanHeader header = *p.plan_header;
-    units_per_part_ = header.units_per_part;
-    unit_begin_ = part * units_per_part_;
-    unit_end_ = min(unit_begin_ + units_per_part_, header.total_units);
-    part_ = part;
-    request_ = unit_begin_ < unit_end_ ? p.part_first_request[part] : p.batch;
-    load();
+    piece_units_ = header.piece_units;
+    const int unit_begin = part * header.units_per_part;
+    unit_end_ = min(unit_begin + header.units_per_part, header.total_units);
+    request_ = unit_begin < unit_end_ ? p.part_first_request[part] : p.batch;
+    load(unit_begin);
   }
-  __device__ bool valid() const { return request_ < p_.batch && plan_.first_unit < unit_end_; }
+  __device__ bool valid() const { return request_ < p_.batch && unit_ < unit_end_; }
   __device__ void next() {
-    ++request_;
-    load();
+    unit_ = piece_end();
+    if (unit_ >= request_end()) {
+      ++request_;
+      load(unit_);  // the next request starts at or after this one's end
+    } else {
+      cut_ += piece_units_;
+      if (slot_ >= 0) ++slot_;
+    }
   }
   __device__ PartPiece piece() const {
     PartPiece piece;
     piece.request = request_;
-    piece.num_blocks = plan_.num_blocks;
-    const int lo = max(unit_begin_, plan_.first_unit) - plan_.first_unit;
-    const int hi = min(unit_end_, plan_.first_unit + request_units(plan_.num_blocks)) - plan_.first_unit;
-    const int blocks = plan_.num_blocks > 0 ? plan_.num_blocks : 0;
-    piece.block_begin = min(lo, blocks);
-    piece.block_end = min(hi, blocks);
-    piece.slot = plan_.split_slot >= 0 ? plan_.split_slot + (part_ - plan_.first_part) : -1;
+    piece.num_blocks = num_blocks_;
+    const int blocks = num_blocks_ > 0 ? num_blocks_ : 0;
+    piece.block_begin = min(unit_ - first_unit_, blocks);
+    piece.block_end = min(piece_end() - first_unit_, blocks);
+    piece.slot = slot_;
     return piece;
   }
 
  private:
-  __device__ void load() {
-    if (request_ < p_.batch) plan_ = p_.plans[request_];
+  __device__ int request_end() const { return first_unit_ + request_units(num_blocks_); }
+  __device__ int piece_end() const { return min(min(unit_end_, request_end()), cut_); }
+  // Enters request_, its first piece in this part starting at max(unit, its first unit). The
+  // divisions happen once per request; the request's later pieces step cut_ and slot_.
+  __device__ void load(int unit) {
+    if (request_ >= p_.batch) return;
+    const RequestPlan plan = p_.plans[request_];
+    first_unit_ = plan.first_unit;
+    num_blocks_ = plan.num_blocks;
+    unit_ = max(unit, plan.first_unit);
+    const int piece = unit_ / piece_units_;
+    cut_ = (piece + 1) * piece_units_;
+    slot_ = plan.split_slot >= 0 ? plan.split_slot + (piece - plan.first_piece) : -1;
   }
   const DecodeParams& p_;
-  RequestPlan plan_{};
-  int units_per_part_ = 1, unit_begin_ = 0, unit_end_ = 0, part_ = 0, request_ = 0;
+  int piece_units_ = 1, unit_end_ = 0, request_ = 0;
+  int first_unit_ = 0, num_blocks_ = 0;  // of request_
+  int unit_ = 0;   // the current piece's first unit
+  int cut_ = 0;    // the next multiple of piece_units_ after unit_
+  int slot_ = -1;  // the current piece's partial-result slot, -1 when it is the whole request
 };
 
 // Walks the KV blocks of one part in order, skipping pieces without blocks: the sequence the

@@ -87,6 +87,17 @@ __device__ int choose_units_per_part(const DecodeParams& p, int total_units, con
   return even + best * step;
 }
 
+// Units request b takes in the unit sequence. The balanced policy: its blocks (at least one,
+// so that some CTA writes an empty request's output). The batch-invariant policy rounds that
+// up to a multiple of split_units, so that every request starts on a piece boundary and is cut
+// at multiples of split_units blocks from its own start: where it is cut then depends on its
+// length alone, never on the requests before it. (The padding is never walked: a piece ends
+// where its request's blocks end.)
+__device__ __forceinline__ int planned_units(const DecodeParams& p, int num_blocks) {
+  const int units = request_units(num_blocks);
+  return p.split_units > 0 ? (units + p.split_units - 1) / p.split_units * p.split_units : units;
+}
+
 // Each thread owns a contiguous run of requests; a scan gives every request its first unit,
 // a second (once the part size is chosen) its first partial-result slot. Each request then
 // names itself the first request of the parts that start inside it: every part with work
@@ -100,54 +111,65 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
   const int end = min(p.batch, begin + per_thread);
 
   int my_units = 0;
-  for (int b = begin; b < end; ++b) my_units += request_units(request_num_blocks(p, p.seq_lens[b]));
+  for (int b = begin; b < end; ++b) my_units += planned_units(p, request_num_blocks(p, p.seq_lens[b]));
   int total_units = 0;
   const int unit_offset = block_exclusive_scan(my_units, &total_units);
-  __shared__ int staged_first_units[kStagedRequests];
-  int* staged = p.batch <= kStagedRequests ? staged_first_units : nullptr;
-  for (int b = begin, unit = unit_offset; b < end; ++b) {
-    if (staged != nullptr) staged[b] = unit;
-    else p.plans[b].first_unit = unit;
-    unit += request_units(request_num_blocks(p, p.seq_lens[b]));
+  int units_per_part, piece_units;
+  if (p.split_units > 0) {
+    // Batch-invariant: whole pieces per part, as evenly as whole pieces go. Which part computes
+    // a piece changes nothing in its result.
+    const int pieces = total_units / p.split_units;
+    units_per_part = (pieces + p.num_parts - 1) / p.num_parts * p.split_units;
+    piece_units = p.split_units;
+  } else {
+    __shared__ int staged_first_units[kStagedRequests];
+    int* staged = p.batch <= kStagedRequests ? staged_first_units : nullptr;
+    for (int b = begin, unit = unit_offset; b < end; ++b) {
+      if (staged != nullptr) staged[b] = unit;
+      else p.plans[b].first_unit = unit;
+      unit += request_units(request_num_blocks(p, p.seq_lens[b]));
+    }
+    __syncthreads();  // first units are visible to the whole CTA from here
+    units_per_part = choose_units_per_part(p, total_units, staged);
+    piece_units = units_per_part;
   }
-  __syncthreads();  // first units are visible to the whole CTA from here
-  const int units_per_part = choose_units_per_part(p, total_units, staged);
 
-  // The thread's plans, all but the slot; requests cut into several parts need one slot per
+  // The thread's plans, all but the slot; requests cut into several pieces need one slot per
   // piece.
   auto plan_of = [&](int b, int unit) {
     RequestPlan plan;
     plan.first_unit = unit;
     plan.num_blocks = request_num_blocks(p, p.seq_lens[b]);
-    plan.first_part = unit / units_per_part;
+    plan.first_piece = unit / piece_units;
     plan.split_slot = -1;
     return plan;
   };
   int my_slots = 0;
   for (int b = begin, unit = unit_offset; b < end; ++b) {
     const RequestPlan plan = plan_of(b, unit);
-    const int splits = request_num_splits(plan, units_per_part);
+    const int splits = request_num_splits(plan, piece_units);
     my_slots += splits > 1 ? splits : 0;
-    unit += request_units(plan.num_blocks);
+    unit += planned_units(p, plan.num_blocks);
   }
   int total_slots = 0;
   int slot = block_exclusive_scan(my_slots, &total_slots);
 
   for (int b = begin, unit = unit_offset; b < end; ++b) {
     RequestPlan plan = plan_of(b, unit);
-    const int splits = request_num_splits(plan, units_per_part);
+    const int splits = request_num_splits(plan, piece_units);
     if (splits > 1) {
       plan.split_slot = slot;
       slot += splits;
     }
     p.plans[b] = plan;
-    // Parts whose first unit lies in [unit, unit + units).
+    // Parts whose first unit lies in [unit, unit + units) (none starts in the invariant
+    // policy's padding: it lies inside the request's last piece).
     const int units = request_units(plan.num_blocks);
-    for (int part = (unit + units_per_part - 1) / units_per_part; part < plan.first_part + splits; ++part)
+    for (int part = (unit + units_per_part - 1) / units_per_part; part <= (unit + units - 1) / units_per_part; ++part)
       p.part_first_request[part] = b;
-    unit += units;
+    unit += planned_units(p, plan.num_blocks);
   }
-  if (threadIdx.x == 0) *p.plan_header = PlanHeader{total_units, units_per_part};
+  if (threadIdx.x == 0) *p.plan_header = PlanHeader{total_units, units_per_part, piece_units};
 }
 
 }  // namespace

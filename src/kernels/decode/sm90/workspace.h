@@ -28,13 +28,23 @@ inline size_t align_up(size_t value, size_t alignment) {
 // A request cut into k > 1 pieces stores k partial results. Every cut inside a request adds at
 // most two such results (one per side), and there are at most num_parts - 1 cuts, so
 // 2 * (num_parts - 1) slots always suffice, whatever the sequence lengths.
-inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms) {
+// The batch-invariant policy (split_blocks > 0) cuts each request into pieces of split_blocks
+// blocks, so a batch whose requests all hold max_blocks blocks needs
+// batch * ceil(max_blocks / split_blocks) slots when that ceiling exceeds 1 (none otherwise); the
+// layout holds the larger of the two bounds, so that one workspace serves both policies.
+inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_t q_len, int num_sms,
+                                        int64_t split_blocks = 0, int64_t max_blocks = 0) {
   WorkspaceLayout w;
   const int64_t rows = num_heads * q_len;
   w.num_row_tiles = static_cast<int>((rows + kTileRows - 1) / kTileRows);
   w.num_parts = num_sms / w.num_row_tiles > 1 ? num_sms / w.num_row_tiles : 1;
   if (w.num_parts > kMaxParts) w.num_parts = kMaxParts;
   w.num_slots = 2 * (w.num_parts - 1);
+  if (split_blocks > 0) {
+    const int64_t blocks = max_blocks > 1 ? max_blocks : 1;
+    const int64_t pieces = (blocks + split_blocks - 1) / split_blocks;
+    if (pieces > 1 && batch * pieces > w.num_slots) w.num_slots = static_cast<int>(batch * pieces);
+  }
   size_t offset = 0;
   w.header_offset = offset;
   offset = align_up(offset + sizeof(PlanHeader), 256);
