@@ -29,8 +29,8 @@ struct DecodeLaunch {
   const int32_t* block_table;  // [B, max_pages]
   int64_t block_table_stride;
   const int32_t* seq_lens;   // [B]
-  const int32_t* causal_seqs;  // [B] or nullptr: decode context parallelism off
-  int cp_world, cp_rank;     // 1 and 0 when off
+  const int32_t* causal_seqs = nullptr;  // [B] or nullptr: decode context parallelism off
+  int cp_world = 1, cp_rank = 0;         // 1 and 0 when off
   uint16_t* out;             // [B, q_len, H, 512] BF16 bits
   int64_t out_stride_batch, out_stride_token, out_stride_head;
   float* lse;                // [B, q_len, H] or nullptr

@@ -18,7 +18,7 @@ struct DivisionMagic {
   int shift;
 };
 
-inline DivisionMagic division_magic(uint32_t divisor) {
+inline DivisionMagic division_magic(uint32_t divisor) {  // divisor >= 1
   int shift = 0;
   while ((uint32_t{1} << shift) < divisor) ++shift;
   const uint64_t magic = (uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor) / divisor + 1;
