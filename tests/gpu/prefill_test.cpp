@@ -97,6 +97,15 @@ TEST_P(PrefillGpu, ManySmallRequests) {
       }
 }
 
+// A huge output_scale over the ragged edge cases, which hold rows that see no key (causal, len_q
+// > len_k): those rows must stay exactly 0, not 0 * output_scale / (a sum the FP8 softmax's
+// FMA-pipe exponentials once made 2^-125 times the keys, not 0) = NaN. The GPU fuzz found it.
+TEST_P(PrefillGpu, RowsThatSeeNoKeyStayZeroUnderAHugeOutputScale) {
+  PrefillProblemSpec s = make_spec("no-key-rows", dtype(), 16, 1, true, edge_requests(16));
+  s.output_scale = 1e30f;
+  check_case(s);
+}
+
 // Head counts off the powers of two (H from 1 up, any multiple of H_kv).
 TEST_P(PrefillGpu, OddHeadCounts) {
   for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{1, 1}, {3, 1}, {3, 3}, {20, 5}, {20, 20}})
