@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/views.h"
+#include "common/dtype_gpu_test.h"
 #include "common/prefill_problem.h"
 #include "common/prefix_expansion.h"
 #include "common/util.h"
@@ -190,27 +191,24 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
   EXPECT_LT(err.rel_l2, decode_bound(c.dtype)) << name << " decode rows: " << err.summary();
 }
 
-class BackendPrefillGpu : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override { SPEEDMLA_REQUIRE_GPU(); }
-};
+class BackendPrefillGpu : public DtypeGpuTest {};
 
 // Five extend requests (one without a prefix, one with a single new token), 512 prefix tokens
 // per loop: 102 per request, so the 1000-token prefix takes ten loops and most loops hold
 // requests of unequal chunk lengths.
 TEST_P(BackendPrefillGpu, ChunkedPrefixEqualsOneShot) {
-  run_extend_case({GetParam(), {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {}, 512}, "chunked-prefix");
+  run_extend_case({dtype(), {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {}, 512}, "chunked-prefix");
 }
 
 // The same extend rows first, then three decode requests.
 TEST_P(BackendPrefillGpu, MixedBatchExtendRowsThenDecodeRows) {
-  run_extend_case({GetParam(), {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {700, 33, 1}, 512}, "mixed");
+  run_extend_case({dtype(), {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {700, 33, 1}, 512}, "mixed");
 }
 
 // One request whose prefix fits in a single loop, one whose prefix is empty: no loop at all.
 TEST_P(BackendPrefillGpu, SingleLoopAndNoLoop) {
-  run_extend_case({GetParam(), {200}, {65}, {}, 8192 * 4}, "one-loop");
-  run_extend_case({GetParam(), {0, 0}, {130, 1}, {}, 8192 * 4}, "no-loop");
+  run_extend_case({dtype(), {200}, {65}, {}, 8192 * 4}, "one-loop");
+  run_extend_case({dtype(), {0, 0}, {130, 1}, {}, 8192 * 4}, "no-loop");
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendPrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/decode_problem.h"
+#include "common/dtype_gpu_test.h"
 #include "common/util.h"
 
 namespace speedmla::test {
@@ -41,30 +42,23 @@ void check_split(const DecodeProblemSpec& spec, int world) {
   expect_matches(merge_partial_results(parts), run_reference(global), spec);
 }
 
-class DecodeContextParallelGpu : public ::testing::TestWithParam<DType> {
+class DecodeContextParallelGpu : public DtypeGpuTest {
  protected:
-  void SetUp() override {
-    SPEEDMLA_REQUIRE_GPU();
-    seed_ = test_seed();
-  }
   // Lengths multiples of nothing: shorter than every world and than q_len, a few blocks, and
   // random ones up to `longest`.
   DecodeProblemSpec spec(int64_t q_len, int64_t heads, int64_t page_size, int32_t longest) const {
     DecodeProblemSpec s;
-    s.dtype = GetParam();
+    s.dtype = dtype();
     s.q_len = q_len;
     s.heads = heads;
     s.page_size = page_size;
-    s.seed = seed_ * 31 + static_cast<uint64_t>(q_len * 1000 + heads * 10 + page_size);
+    s.seed = seed() * 31 + static_cast<uint64_t>(q_len * 1000 + heads * 10 + page_size);
     s.seq_lens = {1, 3, 7, 130, 701};
     std::mt19937_64 rng(s.seed);
     for (int32_t len : random_lengths(rng, 3, 10, longest)) s.seq_lens.push_back(len);
     s.batch = static_cast<int64_t>(s.seq_lens.size());
     return s;
   }
-
- private:
-  uint64_t seed_ = 0;
 };
 
 TEST_P(DecodeContextParallelGpu, RanksMergedMatchTheSingleRankResult) {

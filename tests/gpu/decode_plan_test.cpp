@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/decode_problem.h"
+#include "common/dtype_gpu_test.h"
 #include "common/op_testing.h"
 #include "common/util.h"
 
@@ -47,18 +48,7 @@ void run_on_plan(const DecodePlan& plan, const DeviceProblem& dev, const DecodeP
                        dev.lse.view(), s.softmax_scale, s.output_scale, stream);
 }
 
-class DecodePlanGpu : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override {
-    SPEEDMLA_REQUIRE_GPU();
-    seed_ = test_seed();
-  }
-  DType dtype() const { return GetParam(); }
-  uint64_t seed() const { return seed_; }
-
- private:
-  uint64_t seed_ = 0;
-};
+class DecodePlanGpu : public DtypeGpuTest {};
 
 // Layers of one step: the same seq_lens (one device tensor), each layer its own query, cache
 // and page table of the same shapes. One plan, then every layer on it.

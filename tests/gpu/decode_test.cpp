@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/decode_problem.h"
+#include "common/dtype_gpu_test.h"
 #include "common/util.h"
 
 namespace speedmla::test {
@@ -42,20 +43,7 @@ DecodeProblemSpec spec_for(DType dtype, int64_t batch, int64_t q_len, int64_t he
   return s;
 }
 
-class DecodeGpu : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override {
-    SPEEDMLA_REQUIRE_GPU();
-    seed_ = test_seed();
-  }
-  DType dtype() const { return GetParam(); }
-  // Printed by test_seed(); SPEEDMLA_TEST_SEED replays a run. Every case of a test derives its
-  // data from it (and its own shape).
-  uint64_t seed() const { return seed_; }
-
- private:
-  uint64_t seed_ = 0;
-};
+class DecodeGpu : public DtypeGpuTest {};
 
 TEST_P(DecodeGpu, HeadsAndDraftLengths) {
   for (int64_t heads : {1, 16, 20, 64, 128})

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/views.h"
+#include "common/dtype_gpu_test.h"
 #include "common/error_budget.h"
 #include "common/prefill_problem.h"
 #include "common/util.h"
@@ -75,11 +76,7 @@ std::vector<PrefillLengths> many_small_requests(std::mt19937_64& rng) {
   return r;
 }
 
-class PrefillGpu : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override { SPEEDMLA_REQUIRE_GPU(); }
-  DType dtype() const { return GetParam(); }
-};
+class PrefillGpu : public DtypeGpuTest {};
 
 TEST_P(PrefillGpu, RaggedEdgeCases) {
   for (bool causal : {true, false})
