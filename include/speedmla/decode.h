@@ -145,7 +145,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 //     the longest request the block table can hold (mla_decode_workspace_size with
 //     max_kv_tokens). Larger pieces need less workspace and fewer partial results; smaller ones
 //     spread small batches over more SMs. Requests of at most one piece are never split.
-// A reasonable piece size for the batch-invariant policy (the backend's and Python's default).
+// A reasonable piece size for the batch-invariant policy.
 inline constexpr int64_t kDefaultInvariantSplitTokens = 4096;
 
 // Bytes of workspace for a plan of either policy: mla_decode_workspace_size(batch, num_heads,
@@ -181,7 +181,7 @@ struct DecodePlan {
 //   block_table   [B, max_pages] int32: only its shape is used (the plan never reads it).
 //   num_heads     H, in [1, 128];  q_len in [1, 1024].
 //   dtype         kFloat8E4M3 or kBFloat16: the dtype of q and kv_cache of the calls to come.
-//   page_size     tokens per cache page (GPU: a power of two in [8, 128]).
+//   page_size     tokens per cache page (GPU: a power of two in [1, 128]).
 //   workspace     GPU: contiguous, 256-byte aligned, on the device, of at least
 //                 mla_decode_workspace_size(B, H, q_len, SMs, max_pages * page_size,
 //                 invariant_split_tokens) bytes, disjoint from seq_lens and block_table.
