@@ -104,6 +104,13 @@ DeviceProblem::DeviceProblem(const DecodeProblem& pb)
   workspace = DeviceTensor(DType::kUInt8, {static_cast<int64_t>(bytes)});
 }
 
+void DeviceProblem::upload(const DecodeProblem& pb) {
+  q.upload(pb.q);
+  cache_storage.upload(pb.cache_storage);
+  block_table.upload(pb.block_table);
+  seq_lens.upload(pb.seq_lens);
+}
+
 void DeviceProblem::run(const DecodeProblemSpec& s, Stream stream,
                         const std::optional<DecodeContextParallel>& context_parallel) {
   mla_decode(q.view(), kv_cache, block_table.view(), seq_lens.view(), out.view(), lse.view(), workspace.view(),

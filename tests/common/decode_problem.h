@@ -71,6 +71,8 @@ struct DeviceProblem {
   TensorView kv_cache;
 
   explicit DeviceProblem(const DecodeProblem& pb);
+  // Another problem of the same shapes into the same buffers (a captured graph's next replay).
+  void upload(const DecodeProblem& pb);
   // mla_decode into out and lse (context_parallel's causal_seqs on the device).
   void run(const DecodeProblemSpec& s, Stream stream = nullptr,
            const std::optional<DecodeContextParallel>& context_parallel = std::nullopt);

@@ -123,10 +123,7 @@ TEST_P(DecodePlanGpu, PlanAndLayersInACudaGraph) {
   for (const DecodeProblem& pb : batches) {
     const DecodeResult ref = run_reference(pb);
     ASSERT_EQ(pb.cache_storage.nbytes(), batches[0].cache_storage.nbytes());
-    dev.q.upload(pb.q);
-    dev.cache_storage.upload(pb.cache_storage);
-    dev.block_table.upload(pb.block_table);
-    dev.seq_lens.upload(pb.seq_lens);
+    dev.upload(pb);
     for (DeviceTensor* t : {&dev.out, &dev.lse, &out2, &lse2}) t->fill_bytes(0xFF);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -216,10 +216,7 @@ TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
   for (const DecodeProblem& pb : batches) {
     const DecodeResult ref = run_reference(pb);
     ASSERT_EQ(pb.cache_storage.nbytes(), batches[0].cache_storage.nbytes());
-    dev.q.upload(pb.q);
-    dev.cache_storage.upload(pb.cache_storage);
-    dev.block_table.upload(pb.block_table);
-    dev.seq_lens.upload(pb.seq_lens);
+    dev.upload(pb);
     dev.out.fill_bytes(0xFF);
     dev.lse.fill_bytes(0xFF);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
