@@ -61,7 +61,7 @@ if [ "$sanitize" = 1 ]; then
   every_op+=':*DecodePlanGpu.OnePlanServesEveryLayerOfAStep*:*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule'
   every_op+=':BackendGpu.ExtendSlotListsFollowThePageTable'
   every_op+=':BackendGpu.CapturedGraphReplaysWithThreeBatches:*DeviceValuesGpu.*:DeviceChecksGpu.*:*GpuFuzz.*'
-  initcheck_set='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill/float8*:DeterminismGpuMerge.*'
+  initcheck_set='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*GpuFuzz.*:*DeviceValuesGpu.*:DeviceChecksGpu.*:*DeterminismGpu.Prefill/*:*PrefillGpu.RaggedEdgeCases/*:DeterminismGpuMerge.*'
   # The four tools run side by side and beside the tests (each is bound by one host core; the
   # GPU has room for all; nothing here is timed), collected after the tests.
   declare -A tool_pid

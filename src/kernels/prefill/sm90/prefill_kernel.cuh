@@ -127,6 +127,9 @@ struct PrefillKernel {
   // kBarTurn0 + c completes, i.e. once the other consumer has issued its own.
   static constexpr uint32_t kBarTurn0 = 1;
   static constexpr int kTurnThreads = 2 * kWarpgroupThreads;
+  // BF16: the producer warpgroup meets here once the issuer has seen a partial value block land
+  // (prepare_values).
+  static constexpr uint32_t kBarTailLanded = 3;
 
   static_assert(Traits::kProducerRegs + 2 * Traits::kConsumerRegs == 3 * 168 && Traits::kConsumerRegs % 8 == 0,
                 "register budgets must add up to what the CTA is launched with");
@@ -264,16 +267,21 @@ struct PrefillKernel {
       sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], c * kChunkDims, kv_head, first_key);
   }
 
-  // Makes a landed value block readable by the P·V: all four producer warps. BF16 reads a full
-  // block as loaded (wait_values): only a partial one is prepared and signalled. Every block's
-  // landing is still waited for: it keeps the producer warps in step with the ring, as parity
-  // waits need (a warp that ran ahead would take an older phase of a stage for its own).
+  // Makes a landed value block readable by the P·V: all four producer warps, in the same order
+  // of blocks. FP8 transposes every block: each thread waits for its landing itself and arrives
+  // on v_raw_free, which the issuer waits for before it reloads the stage, so no thread can fall
+  // a whole phase of a stage behind (a parity wait two phases late would take the later phase
+  // for its own, and zero or transpose a block TMA has not written yet, or hang at the end).
+  // BF16 reads a full block as loaded (wait_values) and has nothing to do for it; only a partial
+  // block's tail rows are zeroed. No one waits for the other producer threads until then, so
+  // they must not track v_landed's phases themselves: the issuer, who cannot lag (it reloads a
+  // stage only after making this call for the block the stage held), waits for the landing and
+  // lets them go through a named barrier.
   static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
     const int stage = at.stage();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
-    if (!kFp8 && valid >= kBlockKeys) return;
     if constexpr (kFp8) {
+      sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
       sm90::mbarrier_wait(&s.v_free[stage], at.free_parity());  // the P·V that read this V^T stage
       const uint32_t src = sm90::smem_u32(s.v[stage]), vt = sm90::smem_u32(s.vt[stage]);
       constexpr int kSteps = kVDim / 32;
@@ -289,6 +297,10 @@ struct PrefillKernel {
       }
       sm90::mbarrier_arrive(&s.v_raw_free[stage]);
     } else {
+      if (valid >= kBlockKeys) return;
+      if (threadIdx.x == 0) sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
+      __syncwarp();  // bar.sync wants the whole warp converged
+      sm90::named_barrier_sync(kBarTailLanded, kWarpgroupThreads);
       const uint32_t values = sm90::smem_u32(s.v[stage]);
       const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
       for (int i = threadIdx.x; i < kVChunks * pieces; i += kWarpgroupThreads)
