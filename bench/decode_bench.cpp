@@ -2,7 +2,8 @@
 // mla_prefill over the prefill cases of issue 12 (--prefill, prefill_bench.cpp).
 //
 //   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N]
-//                  [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
+//                  [--run-tokens N] [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
+//   speedmla-bench --read-floor   (the memory system's rate for rows gathered in runs, read_floor.h)
 //   speedmla-bench --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N]
 //   speedmla-bench --prefill-case fp8|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill)
 //
@@ -12,7 +13,9 @@
 // times the cases back to back.
 //
 // Every case: fixed sequence lengths, pages drawn at random from one large pool (the cache is
-// far larger than the 60 MB L2) by a generator seeded from the case itself, and cache values
+// far larger than the 60 MB L2) by a generator seeded from the case itself, or with
+// --run-tokens N, runs of N tokens (consecutive pages) drawn at random: a page-1 cache an engine
+// filled a prompt at a time holds long runs, while pages at random are the worst case. Cache values
 // by one seeded from the dtype, so that a case reads the same pages and values alone (--case)
 // as within a grid; the L2 flushed before each timed call, median of --iters calls
 // timed one by one with CUDA events around the whole mla_decode (planner, main kernel and
@@ -26,7 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -35,6 +37,7 @@
 
 #include "bench_common.h"
 #include "prefill_bench.h"
+#include "read_floor.h"
 #include "speedmla/speedmla.h"
 
 namespace {
@@ -101,22 +104,29 @@ std::mt19937_64 case_rng(const Case& c) {
   return std::mt19937_64(seed);
 }
 
-Result run_case(const Case& c, Buffers& buf, int iters) {
+// Pages of `pages_needed`, from a pool of `pool_pages` (page 0 unused), placed in runs of
+// `run_pages` consecutive pages, the runs in random order.
+std::vector<int32_t> place_pages(int64_t pages_needed, int64_t pool_pages, int64_t run_pages, std::mt19937_64& rng) {
+  std::vector<int32_t> runs((pool_pages - 1) / run_pages);
+  for (size_t i = 0; i < runs.size(); ++i) runs[i] = static_cast<int32_t>(1 + i * run_pages);
+  std::shuffle(runs.begin(), runs.end(), rng);
+  std::vector<int32_t> table(pages_needed);
+  for (int64_t i = 0; i < pages_needed; ++i) table[i] = runs[i / run_pages] + static_cast<int32_t>(i % run_pages);
+  return table;
+}
+
+Result run_case(const Case& c, Buffers& buf, int iters, int run_tokens) {
   const int64_t e = static_cast<int64_t>(dtype_size(c.dtype));
   const int64_t pages_per_seq = (c.seq_len + c.page_size - 1) / c.page_size;
   const int64_t pool_pages = static_cast<int64_t>(buf.cache_bytes / (c.page_size * kCacheRowDim * e));
   const int64_t pages_needed = c.batch * pages_per_seq;
-  if (pages_needed + 1 > pool_pages) {
+  const int64_t run_pages = std::max<int64_t>(1, run_tokens / c.page_size);
+  if (pages_needed + run_pages + 1 > pool_pages) {
     std::fprintf(stderr, "cache pool too small\n");
     std::exit(1);
   }
-  // Pages from the whole pool in random order.
-  std::vector<int32_t> pool(pool_pages - 1);
-  std::iota(pool.begin(), pool.end(), 1);
   std::mt19937_64 rng = case_rng(c);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  std::vector<int32_t> table(c.batch * pages_per_seq);
-  std::copy(pool.begin(), pool.begin() + table.size(), table.begin());
+  const std::vector<int32_t> table = place_pages(pages_needed, pool_pages, run_pages, rng);
   std::vector<int32_t> lens(c.batch, c.seq_len);
   cuda(cudaMemcpy(buf.table, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
   cuda(cudaMemcpy(buf.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "lens");
@@ -157,12 +167,39 @@ Result run_case(const Case& c, Buffers& buf, int iters) {
   return {ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
 }
 
+// The read rate of B = 128 requests' 8K cache rows (FP8 and BF16 row sizes) placed in runs of
+// 1 to 1024 rows at random in the pool, against runs of 64 (the page size the TMA path reads).
+void print_read_floor(Buffers& buf, int iters) {
+  constexpr int64_t kRows = int64_t{128} * 8192;
+  std::printf("\nrows gathered from a %.1f GB pool in runs of consecutive rows, runs at random\n",
+              buf.cache_bytes / 1e9);
+  std::printf("%9s %10s | %8s %8s %10s\n", "row bytes", "run rows", "ms", "GB/s", "vs run 64");
+  for (const int row_bytes : {kCacheRowDim, kCacheRowDim * 2}) {
+    const int64_t pool_rows = static_cast<int64_t>(buf.cache_bytes / row_bytes);
+    double ms64 = 0;
+    for (const int run : {64, 1, 2, 4, 8, 16, 1024}) {
+      std::mt19937_64 rng(run);
+      const std::vector<int32_t> rows = place_pages(kRows, pool_rows, run, rng);
+      const std::vector<int64_t> offsets(rows.begin(), rows.end());
+      std::vector<int64_t> bytes(offsets.size());
+      for (size_t i = 0; i < offsets.size(); ++i) bytes[i] = offsets[i] * row_bytes;
+      const double ms = bench::time_row_reads(buf.cache, bytes, row_bytes, buf.flush, buf.flush_bytes, iters);
+      if (run == 64) ms64 = ms;
+      std::printf("%9d %10d | %8.3f %8.0f %9.2fx\n", row_bytes, run, ms, kRows * row_bytes / (ms * 1e-3) / 1e9,
+                  ms / ms64);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
   int iters = 30;
   int rest_ms = 0;
+  int run_tokens = 0;  // 0: every page placed on its own
+  bool read_floor = false;
   std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
   std::vector<int> pages;
   std::vector<Case> only;
@@ -182,6 +219,8 @@ int main(int argc, char** argv) {
     }
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--rest-ms") && i + 1 < argc) rest_ms = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--run-tokens") && i + 1 < argc) run_tokens = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--read-floor")) read_floor = true;
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       char type[8] = {};
@@ -199,9 +238,10 @@ int main(int argc, char** argv) {
       dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--case ...]\n"
+                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--run-tokens N] [--case ...]\n"
+                   "       %s --read-floor\n"
                    "       %s --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N] [--prefill-case ...]\n",
-                   argv[0], argv[0]);
+                   argv[0], argv[0], argv[0]);
       return 2;
     }
   }
@@ -262,6 +302,12 @@ int main(int argc, char** argv) {
     cudaEventDestroy(b);
   }
 
+  if (read_floor) {
+    print_read_floor(buf, iters);
+    return 0;
+  }
+  if (run_tokens > 0) std::printf("pages placed in runs of %d tokens\n", run_tokens);
+
   DType filled = DType::kUInt8;
   std::printf("\n%-5s %4s %4s %6s %3s %2s | %8s %8s %8s | %6s %6s | %s\n", "dtype", "page", "B", "s_k", "H", "q",
               "ms", "TFLOP/s", "GB/s", "%read", "%mma", "FlashMLA bf16 p64 (ms, ratio)");
@@ -273,7 +319,7 @@ int main(int argc, char** argv) {
       filled = c.dtype;
     }
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
-    const Result r = run_case(c, buf, iters);
+    const Result r = run_case(c, buf, iters, run_tokens);
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
     std::string peer_text;
     if (const double peer = flashmla_ms(c); peer > 0) {
