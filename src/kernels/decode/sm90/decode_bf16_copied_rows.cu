@@ -1,5 +1,5 @@
 // BF16 query and cache, BF16 tensor-core math, BF16 output.
-// Pages below kMinTmaPageTokens: the producer copies the cache rows with cp.async.
+// Pages below min_tma_page_tokens: the producer copies the cache rows with cp.async.
 #include "kernels/decode/sm90/launch.h"
 #include "kernels/decode/sm90/launch_kernel.cuh"
 

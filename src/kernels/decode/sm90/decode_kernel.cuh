@@ -101,7 +101,7 @@ struct Bf16Traits {
   using ValueMma = sm90::gmma::MMA_64x256x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
 };
 
-// How the producer brings the cache's rows into the K stages (config.h, kMinTmaPageTokens):
+// How the producer brings the cache's rows into the K stages (config.h, min_tma_page_tokens):
 // TMA boxes of whole pages, or, for pages too small for a swizzled TMA box, cp.async copies of
 // each row. Two instantiations rather than a run-time branch: the copies' code in the same
 // kernel moved ptxas's register allocation enough to spill the consumers.
@@ -290,54 +290,88 @@ struct DecodeKernel {
     }
   }
 
-  // Pages below kMinTmaPageTokens: producer warp w < kKStages owns K stage w and copies the
-  // rows of every block that goes there (blocks w, w + kKStages, ...) with cp.async, into the
-  // swizzled layout TMA writes for larger pages. The warp copies one row at a time, lane l its
-  // 16-byte pieces l, l + 32, ..., so that each copy instruction reads whole 128-byte lines of
-  // one row; lane l reads the page ids of rows l and l + 32 before the wait for a free stage
-  // (the read's latency overlaps the wait) and hands them out with shuffles. Once a part's
-  // copies have landed, each lane makes them visible to the consumers' wgmma (written through
-  // the generic proxy, read through the async one) and arrives on the part's `full`; the
-  // stages' warps overlap each other's latency. A page id outside [0, num_pages) reads zeros,
-  // as TMA's bounds check gives the larger pages.
+  // Pages below min_tma_page_tokens: producer warp w < kKStages owns K stage w and copies the
+  // rows of every block that goes there (blocks w, w + kKStages, ... of the part) with cp.async,
+  // into the swizzled layout TMA writes for larger pages. A page id outside [0, num_pages)
+  // reads zeros, as TMA's bounds check gives the larger pages.
+  //
+  // The memory system does not make small pages slow: random 576-byte rows read at 97 % of the
+  // rate of whole pages on the H200 (`speedmla-bench --read-floor`). The producer's instruction
+  // stream did: one row per instruction, its address worked out row by row, took 3.7x page 64's
+  // time (FP8, B=128 s_k 8K H=16); this mapping takes 1.28x. BF16 stays at 1.7x, at the same
+  // rate for every page size copied (pages of 8-64 too), so the limit is in the copies
+  // themselves; one warp per stage part instead of per stage was slower (1.83x).
+  // Each instruction copies one chunk row (one swizzle row, kRowLanes lanes of 16 bytes) of
+  // kStepRows rows: whole 64- or 128-byte segments of global memory, one 512-byte run of shared
+  // memory, and every address a constant offset from one register per row (a lane's rows share
+  // their swizzle phase). The next block's page ids are read while a block's copies are in
+  // flight; each lane then waits for its copies, makes them visible to the consumers' wgmma
+  // (written through the generic proxy, read through the async one) and arrives on the part's
+  // `full`.
+  static constexpr int kRowLanes = kPiecesPerChunkRow;  // lanes per row in one copy instruction
+  static constexpr int kStepRows = 32 / kRowLanes;       // rows per copy instruction
+
+  // The rows of one block a producer lane copies from: how many are below seq_len, and the
+  // page ids of rows `lane` and `lane + 32` (-1 past seq_len, whose table entries are never read).
+  struct RowsToCopy {
+    int valid, page_low, page_high;
+  };
+
+  static __device__ RowsToCopy fetch_rows(const DecodeParams& p, const BlockCursor& cursor, int lane) {
+    const int request = cursor.piece().request, block = cursor.block();
+    RowsToCopy rows;
+    rows.valid = valid_tokens_in_block(p.seq_lens[request], block);
+    const int32_t* table = p.block_table + request * p.block_table_stride;
+    const int first_token = block * kBlockTokens;
+    rows.page_low = lane < rows.valid ? table[(first_token + lane) >> p.page_shift] : -1;
+    rows.page_high = lane + 32 < rows.valid ? table[(first_token + lane + 32) >> p.page_shift] : -1;
+    return rows;
+  }
+
+  // Issues this lane's copies of one part of a block into the K stage at `stage_smem`.
+  static __device__ void copy_rows_part(const DecodeParams& p, uint32_t stage_smem, int part, const RowsToCopy& rows,
+                                        int lane) {
+    const int piece = lane % kRowLanes;
+#pragma unroll 2
+    for (int step = 0; step < kBlockTokens / kStepRows; ++step) {
+      if (step * kStepRows >= rows.valid) break;
+      const int row = step * kStepRows + lane / kRowLanes;
+      const int page = __shfl_sync(0xffffffffu, step * kStepRows < 32 ? rows.page_low : rows.page_high, row % 32);
+      const bool present = page >= 0 && page < p.num_pages;
+      const uint8_t* src = p.kv_cache + (present ? page * p.kv_page_stride_bytes : 0) +
+                           (row & (p.page_size - 1)) * (kRowDim * kE) + piece * 16;
+      const uint32_t dst = stage_smem + sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece);
+#pragma unroll
+      for (int c = 0; c < kNumChunks; ++c)
+        if (part_of_chunk(c) == part)
+          sm90::cp_async_16(dst + c * kChunkBytes, src + c * kChunkRowBytes, present ? 16u : 0u);
+    }
+  }
+
   static __device__ void copy_rows_producer(const DecodeParams& p, const Smem& s, int part) {
     const int stage = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     if (stage >= kKStages) return;
-    constexpr int kRowPieces = kNumChunks * kPiecesPerChunkRow;
     BlockCursor cursor(p, part);
     for (int i = 0; i < stage && cursor.valid(); ++i) cursor.advance();
-    for (int round = 0; cursor.valid(); ++round) {
-      const int request = cursor.piece().request, block = cursor.block();
-      const int valid = valid_tokens_in_block(p.seq_lens[request], block);
-      const int32_t* table = p.block_table + request * p.block_table_stride;
-      // Rows lane and lane + 32; entries past seq_len are never read.
-      const int first_token = block * kBlockTokens;
-      const int page_low = lane < valid ? table[(first_token + lane) >> p.page_shift] : 0;
-      const int page_high = lane + 32 < valid ? table[(first_token + lane + 32) >> p.page_shift] : 0;
-      const uint32_t stage_smem = sm90::smem_u32(s.k + stage * kTileBytes);
+    if (!cursor.valid()) return;
+    const uint32_t stage_smem = sm90::smem_u32(s.k + stage * kTileBytes);
+    RowsToCopy rows = fetch_rows(p, cursor, lane);
+    for (int round = 0;; ++round) {
+      bool more = true;
 #pragma unroll
       for (int load_part = 0; load_part < kLoadParts; ++load_part) {
         sm90::mbarrier_wait(&s.kfree[stage * kLoadParts + load_part], (round & 1) ^ 1);
-#pragma unroll 1
-        for (int row = 0; row < valid; ++row) {
-          const int page = __shfl_sync(0xffffffffu, row < 32 ? page_low : page_high, row % 32);
-          const bool present = page >= 0 && page < p.num_pages;
-          const uint8_t* src = p.kv_cache + (present ? page * p.kv_page_stride_bytes : 0) +
-                               (row & (p.page_size - 1)) * (kRowDim * kE);
-#pragma unroll
-          for (int q = lane; q < kRowPieces; q += 32) {
-            const int c = q / kPiecesPerChunkRow, piece = q % kPiecesPerChunkRow;
-            if (part_of_chunk(c) == load_part)
-              sm90::cp_async_16(
-                  stage_smem + c * kChunkBytes + sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece),
-                  src + q * 16, present ? 16u : 0u);
-          }
+        copy_rows_part(p, stage_smem, load_part, rows, lane);
+        if (load_part == kLoadParts - 1) {
+          for (int i = 0; i < kKStages && cursor.valid(); ++i) cursor.advance();
+          more = cursor.valid();
+          if (more) rows = fetch_rows(p, cursor, lane);
         }
         sm90::cp_async_wait_all();
         sm90::fence_proxy_async_smem();
         sm90::mbarrier_arrive(&s.full[stage * kLoadParts + load_part]);
       }
-      for (int i = 0; i < kKStages && cursor.valid(); ++i) cursor.advance();
+      if (!more) return;
     }
   }
 

@@ -15,7 +15,7 @@ DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream, D
   // would, leaving a wrong output and no error: the map and the opt-in come before any launch.
   using Prepare = DecodeLaunchStatus (*)(const DecodeLaunch&, CUtensorMap*);
   using Launch = cudaError_t (*)(const CUtensorMap&, const DecodeParams&, cudaStream_t);
-  const bool copied_rows = launch.page_size < kMinTmaPageTokens;
+  const bool copied_rows = launch.page_size < min_tma_page_tokens(launch.fp8);
   const Prepare prepare = launch.fp8 ? (copied_rows ? prepare_decode_fp8_copied_rows : prepare_decode_fp8)
                                      : (copied_rows ? prepare_decode_bf16_copied_rows : prepare_decode_bf16);
   const Launch launch_main = launch.fp8 ? (copied_rows ? launch_decode_fp8_copied_rows : launch_decode_fp8)

@@ -54,7 +54,7 @@ DecodeParams make_decode_params(const DecodeLaunch& launch);
 // The main kernel of one element type (one .cu per instantiation). prepare_* encodes the
 // cache's TMA map with the kernel traits' swizzle and box and sets the kernel's shared-memory
 // opt-in on the current device; launch_* launches it.
-// The *_copied_rows instantiations serve pages below kMinTmaPageTokens (no TMA map).
+// The *_copied_rows instantiations serve pages below min_tma_page_tokens (no TMA map).
 DecodeLaunchStatus prepare_decode_fp8(const DecodeLaunch& launch, CUtensorMap* kv_map);
 DecodeLaunchStatus prepare_decode_bf16(const DecodeLaunch& launch, CUtensorMap* kv_map);
 DecodeLaunchStatus prepare_decode_fp8_copied_rows(const DecodeLaunch& launch, CUtensorMap* kv_map);

@@ -62,8 +62,8 @@ struct DecodeParams {
   const int32_t* block_table;  // [B, max_pages]
   int64_t block_table_stride;
   const int32_t* seq_lens;     // [B]
-  // The cache itself, for pages below kMinTmaPageTokens, which the producer copies row by row
-  // (pages of 8 tokens or more come through the TMA map instead).
+  // The cache itself, for pages below min_tma_page_tokens, which the producer copies row by row
+  // (larger pages come through the TMA map instead).
   const uint8_t* kv_cache;     // [num_pages, page_size, 576]
   int64_t kv_page_stride_bytes;
   int num_pages;
