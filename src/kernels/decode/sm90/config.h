@@ -18,8 +18,9 @@ inline constexpr int kChunkDims = 64;
 // Pages of fewer tokens than this are copied into the K stages with cp.async rather than loaded
 // by TMA. TMA writes swizzled boxes only at swizzle-atom (8-row) boundaries, so pages below 8
 // must be copied; FP8 copies pages of 8 too, as its copies beat TMA's eight-row boxes there
-// (0.234 against 0.361 ms, B=128 s_k 8K H=16 on the H200) and tie at 16. BF16 pages of 8 load
-// faster through TMA (0.450 against 0.583 ms).
+// (0.204 against 0.361 ms, B=128 s_k 8K H=16 on the H200). BF16 pages of 1-4 copy in 0.39 ms against
+// 0.45 for TMA at page 8, but a copy instruction covers 4 BF16 rows and a lane's rows must sit
+// at one place in their pages (decode_kernel.cuh, LaneCopy): BF16 pages of 8 stay on TMA.
 constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 16 : 8; }
 inline constexpr int kNumChunks = 9;        // 576 / 64
 inline constexpr int kValueChunks = 8;      // the first 512 features are the values

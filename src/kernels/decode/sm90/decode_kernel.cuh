@@ -184,8 +184,11 @@ struct DecodeKernel {
   // (168 per thread, 128 * 504 in all): increases are served only from what other warps of
   // the CTA released, so asking for more waits forever. A consumer holds a 64x256 FP32
   // accumulator (128 registers), the 64x64 scores (32), two sets of P fragments and the
-  // softmax state; the producer only issues loads.
-  static constexpr int kProducerRegs = 24;
+  // softmax state; the producer only issues loads. Copied rows give the producer 40: at 24 it
+  // kept its page ids and stage address in local memory and worked through one copy step at a
+  // time (1.28x page 64's time where 40 gives 1.09x, FP8 page 1); the consumers fit 232 (FP8:
+  // one 8-byte value kept in local memory across a tile, none for BF16).
+  static constexpr int kProducerRegs = kLoad == KvLoad::kCopiedRows ? 40 : 24;
   static constexpr int kConsumerRegs = (3 * 168 - kProducerRegs) / 2;
   static_assert(kProducerRegs + 2 * kConsumerRegs == 3 * 168 && kConsumerRegs % 8 == 0);
 
@@ -297,17 +300,17 @@ struct DecodeKernel {
   //
   // The memory system does not make small pages slow: random 576-byte rows read at 97 % of the
   // rate of whole pages on the H200 (`speedmla-bench --read-floor`). The producer's instruction
-  // stream did: one row per instruction, its address worked out row by row, took 3.7x page 64's
-  // time (FP8, B=128 s_k 8K H=16); this mapping takes 1.28x. BF16 stays at 1.7x, at the same
-  // rate for every page size copied (pages of 8-64 too), so the limit is in the copies
-  // themselves; one warp per stage part instead of per stage was slower (1.83x).
+  // stream did (FP8, B=128 s_k 8K H=16, page 1 against page 64): one row per instruction, its
+  // address worked out row by row, 3.7x; the mapping below at 24 producer registers, 1.28x (BF16
+  // 1.7x); the same with four steps' page ids shuffled together and 40 producer registers
+  // (copy_rows_part), 1.09x (BF16 1.20x).
   // Each instruction copies one chunk row (one swizzle row, kRowLanes lanes of 16 bytes) of
   // kStepRows rows: whole 64- or 128-byte segments of global memory, one 512-byte run of shared
   // memory, and every address a constant offset from one register per row (a lane's rows share
-  // their swizzle phase). The next block's page ids are read while a block's copies are in
-  // flight; each lane then waits for its copies, makes them visible to the consumers' wgmma
-  // (written through the generic proxy, read through the async one) and arrives on the part's
-  // `full`.
+  // their place in the page, and their swizzle phase alternates at most). The next block's page
+  // ids are read while a block's copies are in flight; each lane then waits for its copies,
+  // makes them visible to the consumers' wgmma (written through the generic proxy, read through
+  // the async one) and arrives on the part's `full`.
   static constexpr int kRowLanes = kPiecesPerChunkRow;  // lanes per row in one copy instruction
   static constexpr int kStepRows = 32 / kRowLanes;       // rows per copy instruction
 
@@ -328,23 +331,56 @@ struct DecodeKernel {
     return rows;
   }
 
-  // Issues this lane's copies of one part of a block into the K stage at `stage_smem`.
+  // Where a lane's copies go and come from, the same for every step of every block: a step's
+  // first row is a multiple of kStepRows, and copied pages hold at most kStepRows tokens, so a
+  // lane's row sits at the same place in its page at every step; the swizzle phase of its row
+  // alternates with the step's parity at most (BF16: 4 rows a step, 8 rows a swizzle atom).
+  static_assert(min_tma_page_tokens(Traits::kFp8) / 2 <= kStepRows, "a copied page fits in one step's rows");
+  struct LaneCopy {
+    uint32_t dst[2];   // shared-memory offset of the lane's piece at step 0 and step 1
+    int64_t src;       // byte offset of the lane's piece in its page
+  };
+  static __device__ LaneCopy lane_copy(const DecodeParams& p, int lane) {
+    const int piece = lane % kRowLanes, row = lane / kRowLanes;
+    LaneCopy c;
+    c.dst[0] = sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece);
+    c.dst[1] = sm90::swizzled_piece_offset<Traits::kSwizzle>(row + kStepRows, piece);
+    c.src = (row & (p.page_size - 1)) * (kRowDim * kE) + piece * 16;
+    return c;
+  }
+
+  // Issues this lane's copies of one part of a block into the K stage at `stage_smem`, four
+  // steps at a time: their page ids are shuffled out together, so that the shuffles' latency is
+  // paid once per group rather than once per step. Rows past seq_len in a group that holds some
+  // below it have page id -1 and are zero-filled.
+  static constexpr int kGroupSteps = 4;
   static __device__ void copy_rows_part(const DecodeParams& p, uint32_t stage_smem, int part, const RowsToCopy& rows,
-                                        int lane) {
-    const int piece = lane % kRowLanes;
-#pragma unroll 2
-    for (int step = 0; step < kBlockTokens / kStepRows; ++step) {
-      if (step * kStepRows >= rows.valid) break;
-      const int row = step * kStepRows + lane / kRowLanes;
-      const int page = __shfl_sync(0xffffffffu, step * kStepRows < 32 ? rows.page_low : rows.page_high, row % 32);
-      const bool present = page >= 0 && page < p.num_pages;
-      const uint8_t* src = p.kv_cache + (present ? page * p.kv_page_stride_bytes : 0) +
-                           (row & (p.page_size - 1)) * (kRowDim * kE) + piece * 16;
-      const uint32_t dst = stage_smem + sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece);
+                                        const LaneCopy& at, int lane) {
+    constexpr int kSteps = kBlockTokens / kStepRows;
+    static_assert(kSteps % kGroupSteps == 0 && (32 / kStepRows) % kGroupSteps == 0,
+                  "a group's rows lie on one side of row 32");
 #pragma unroll
-      for (int c = 0; c < kNumChunks; ++c)
-        if (part_of_chunk(c) == part)
-          sm90::cp_async_16(dst + c * kChunkBytes, src + c * kChunkRowBytes, present ? 16u : 0u);
+    for (int group = 0; group < kSteps / kGroupSteps; ++group) {
+      const int first_step = group * kGroupSteps;
+      if (first_step * kStepRows >= rows.valid) break;
+      int page[kGroupSteps];
+#pragma unroll
+      for (int j = 0; j < kGroupSteps; ++j) {
+        const int step = first_step + j;
+        page[j] = __shfl_sync(0xffffffffu, step * kStepRows < 32 ? rows.page_low : rows.page_high,
+                              (step * kStepRows) % 32 + lane / kRowLanes);
+      }
+#pragma unroll
+      for (int j = 0; j < kGroupSteps; ++j) {
+        const int step = first_step + j;
+        const bool present = page[j] >= 0 && page[j] < p.num_pages;
+        const uint8_t* src = p.kv_cache + at.src + (present ? page[j] * p.kv_page_stride_bytes : 0);
+        const uint32_t dst = stage_smem + at.dst[step % 2] + (step - step % 2) * kStepRows * kChunkRowBytes;
+#pragma unroll
+        for (int c = 0; c < kNumChunks; ++c)
+          if (part_of_chunk(c) == part)
+            sm90::cp_async_16(dst + c * kChunkBytes, src + c * kChunkRowBytes, present ? 16u : 0u);
+      }
     }
   }
 
@@ -355,13 +391,14 @@ struct DecodeKernel {
     for (int i = 0; i < stage && cursor.valid(); ++i) cursor.advance();
     if (!cursor.valid()) return;
     const uint32_t stage_smem = sm90::smem_u32(s.k + stage * kTileBytes);
+    const LaneCopy copy = lane_copy(p, lane);
     RowsToCopy rows = fetch_rows(p, cursor, lane);
     for (int round = 0;; ++round) {
       bool more = true;
 #pragma unroll
       for (int load_part = 0; load_part < kLoadParts; ++load_part) {
         sm90::mbarrier_wait(&s.kfree[stage * kLoadParts + load_part], (round & 1) ^ 1);
-        copy_rows_part(p, stage_smem, load_part, rows, lane);
+        copy_rows_part(p, stage_smem, load_part, rows, copy, lane);
         if (load_part == kLoadParts - 1) {
           for (int i = 0; i < kKStages && cursor.valid(); ++i) cursor.advance();
           more = cursor.valid();
