@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+r"""speedmla decode beside FlashMLA, in one process, on the same inputs (issue 13, item 1).
+
+Every cell of performance.md's decode grid (B = 128; s_k 4K, 8K, 16K, 32K; H 16, 32, 64, 128;
+q_len 1 and 2) and the seed's long-context shape (q_len 4, s_k 81920; B 4 and 16; H 16 and 32).
+The cache holds normal values (std 1) in pages of 64 drawn at random from one pool of ~4.8 GB
+(far larger than the L2), the queries too; the calls are interleaved, each after a 256 MB write
+that flushes the L2, timed with CUDA events, median of --iters:
+  - FlashMLA 9241ae3 (BF16, page 64), its metadata holder filled by the warm-up calls and reused,
+    as an engine reuses it for every layer of a decode step;
+  - speedmla.mla_decode BF16 on the same cache, page 64, and on the same memory viewed as pages
+    of 32 (each page-64 id p becomes 2p, 2p + 1: the same bytes in the same places);
+  - speedmla.mla_decode FP8 on the same values rounded to e4m3, page 64.
+speedmla gets preallocated out, lse and workspace, as an engine passes them; its time includes
+its planner and combine (no plan reuse in the Python API yet).
+--rest-ms N leaves the GPU idle N ms before each cell (a rested grid); 0 (the default) runs the
+cells back to back, as a server runs its layers. The SM clock, power and throttle reasons are
+sampled while each cell runs. One check first: speedmla BF16 against FlashMLA on a small case.
+
+Run from the repository root on the GPU machine, after building the peer
+(../shared/peers/README.md: build-peer/flashmla.tgz is what prepare.sh assembled, compressed):
+  tar xzf build-peer/flashmla.tgz -C build-peer && bash build-peer/flashmla/build.sh
+  PYTHONPATH=build/python-packages:.deps/pip:python:build-peer/flashmla \
+  SPEEDMLA_LIBRARY=build/libspeedmla_tvm_ffi.so TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
+    python3 bench/decode_peer.py [--iters 20] [--rest-ms 0] [--quick]
+"""
+
+import argparse
+import time
+
+import torch
+
+import flash_mla
+import speedmla
+from peer_timing import GpuSampler, Timer, normal
+
+ROW, LATENT = 576, 512
+PAGE = 64
+FP8 = torch.float8_e4m3fn
+SCALE = 192 ** -0.5  # DeepSeek's softmax scale (qk_nope 128 + rope 64)
+GRID = [(128, s_k, h, q_len) for s_k in (4096, 8192, 16384, 32768) for h in (16, 32, 64, 128) for q_len in (1, 2)]
+SEED_SHAPE = [(b, 81920, h, 4) for b in (4, 16) for h in (16, 32)]  # (B, s_k, H, q_len)
+
+
+def decode_flops(batch, s_k, heads, q_len):
+    return 2.0 * q_len * batch * s_k * heads * (ROW + LATENT)
+
+
+def decode_bytes(batch, s_k, heads, q_len, elem):
+    return batch * s_k * ROW * elem + batch * q_len * heads * (ROW * elem + LATENT * 2)
+
+
+class Pool:
+    """One pool of BF16 cache pages and its FP8 copy (the same values rounded), shared by all cells."""
+
+    def __init__(self, tokens, generator):
+        self.pages = tokens // PAGE + 1  # page 0 is the null page
+        self.bf16 = torch.empty((self.pages, PAGE, ROW), dtype=torch.bfloat16, device="cuda")
+        for start in range(0, self.pages, 4096):  # filled in slices: no float32 copy of the pool at once
+            part = self.bf16[start:start + 4096]
+            part.copy_(normal(part.shape, torch.bfloat16, generator))
+        self.fp8 = self.bf16.to(FP8)
+
+    def table(self, batch, s_k, generator):
+        """[B, s_k / 64] int32 page ids drawn at random from the whole pool (page 0 excluded)."""
+        blocks = s_k // PAGE
+        ids = torch.randperm(self.pages - 1, generator=generator, device="cuda")[:batch * blocks] + 1
+        return ids.to(torch.int32).view(batch, blocks)
+
+
+def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
+    table = pool.table(batch, s_k, generator)
+    table32 = torch.stack((2 * table, 2 * table + 1), dim=-1).view(batch, -1)
+    seq_lens = torch.full((batch,), s_k, dtype=torch.int32, device="cuda")
+    q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
+    q8 = q.to(FP8)
+    cache64 = pool.bf16.view(pool.pages, 1, PAGE, ROW)  # FlashMLA's [pages, page, kv heads, 576]
+    cache32 = pool.bf16.view(2 * pool.pages, PAGE // 2, ROW)
+    out = torch.empty((batch, q_len, heads, LATENT), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((batch, q_len, heads), dtype=torch.float32, device="cuda")
+    workspace = torch.empty(speedmla.mla_decode_workspace_size(batch, heads, q_len, speedmla.device_sm_count(0)),
+                            dtype=torch.uint8, device="cuda")
+    meta, splits = flash_mla.get_mla_metadata()
+
+    def ours(query, cache, bt):
+        return lambda: speedmla.mla_decode(query, cache, bt, seq_lens, softmax_scale=SCALE, out=out, lse=lse,
+                                           workspace=workspace)
+
+    calls = {
+        "flashmla": lambda: flash_mla.flash_mla_with_kvcache(q, cache64, table, seq_lens, LATENT, meta, splits,
+                                                             softmax_scale=SCALE, causal=q_len > 1),
+        "bf16 p64": ours(q, pool.bf16, table),
+        "bf16 p32": ours(q, cache32, table32),
+        "fp8 p64": ours(q8, pool.fp8, table),
+    }
+    with GpuSampler() as sampler:
+        times = timer.interleaved(calls, iters)
+    return times, sampler.summary()
+
+
+def check(pool, generator):
+    """speedmla BF16 against FlashMLA on one small case: the two must compute the same thing."""
+    batch, s_k, heads, q_len = 4, 1000, 16, 2
+    table = pool.table(batch, 1024, generator)
+    seq_lens = torch.tensor([1000, 2, 640, 999], dtype=torch.int32, device="cuda")  # >= q_len: every row sees a key
+    q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
+    meta, splits = flash_mla.get_mla_metadata()
+    theirs, their_lse = flash_mla.flash_mla_with_kvcache(q, pool.bf16.view(pool.pages, 1, PAGE, ROW), table,
+                                                         seq_lens, LATENT, meta, splits, softmax_scale=SCALE,
+                                                         causal=True)
+    ours, our_lse = speedmla.mla_decode(q, pool.bf16, table, seq_lens, softmax_scale=SCALE, return_lse=True)
+    out_diff = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+    lse_diff = (our_lse - their_lse.transpose(1, 2)).abs().max().item()  # FlashMLA: [B, H, q_len]
+    print(f"check (B {batch}, q_len {q_len}, H {heads}, ragged lengths): out rel. L2 diff {out_diff:.2e}, "
+          f"max |lse diff| {lse_diff:.2e}")
+    if not (out_diff < 1e-2 and lse_diff < 1e-3):
+        raise SystemExit("speedmla and FlashMLA disagree: the timings below would compare different work")
+
+
+def ratio(times, name):
+    t, peer = times.get(name), times["flashmla"]
+    if not isinstance(t, float):
+        return f"failed: {t}"
+    return f"{t:.3f} ({t / peer:.2f}×)" if isinstance(peer, float) else f"{t:.3f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rest-ms", type=int, default=0, help="idle ms before each cell (0: back to back)")
+    parser.add_argument("--quick", action="store_true", help="s_k 8K and the seed's shape only")
+    args = parser.parse_args()
+
+    generator = torch.Generator(device="cuda").manual_seed(2026)
+    pool = Pool(128 * 32768, generator)
+    timer = Timer()
+    check(pool, generator)
+    cells = [c for c in GRID if not args.quick or c[1] == 8192] + SEED_SHAPE
+    mode = f"rested {args.rest_ms} ms before each cell" if args.rest_ms else "back to back"
+    print(f"\ndecode, {mode}; ms, median of {args.iters} interleaved calls, L2 flushed; "
+          "(×) = time / FlashMLA's time, below 1 is faster")
+    print("| B | s_k | H | q | FlashMLA bf16 p64 | speedmla bf16 p64 | speedmla bf16 p32 | speedmla fp8 p64 "
+          "| fp8 TB/s | fp8 TFLOP/s | SM clock, power, throttle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for batch, s_k, heads, q_len in cells:
+        if args.rest_ms:
+            time.sleep(args.rest_ms / 1000)
+        times, state = cell(pool, timer, batch, s_k, heads, q_len, args.iters, generator)
+        fp8 = times.get("fp8 p64")
+        rates = (f"{decode_bytes(batch, s_k, heads, q_len, 1) / (fp8 * 1e-3) / 1e12:.2f} | "
+                 f"{decode_flops(batch, s_k, heads, q_len) / (fp8 * 1e-3) / 1e12:.0f}") if isinstance(fp8, float) \
+            else "— | —"
+        flashmla = times["flashmla"]
+        flashmla_text = f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}"
+        print(f"| {batch} | {s_k} | {heads} | {q_len} | {flashmla_text} | {ratio(times, 'bf16 p64')} | "
+              f"{ratio(times, 'bf16 p32')} | {ratio(times, 'fp8 p64')} | {rates} | {state} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What the same-run peer benchmarks share (prefill_peer.py, decode_peer.py): interleaved timing
+with the L2 flushed before each call, a sampler of the GPU's clock and power, normal data."""
+
+import statistics
+import subprocess
+import threading
+
+import torch
+
+
+class GpuSampler:
+    """nvidia-smi's SM clock, power and throttle reasons, queried repeatedly while a case runs."""
+
+    QUERY = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
+             "--format=csv,noheader,nounits"]
+
+    def __init__(self):
+        self.samples, self._stop, self._thread = [], threading.Event(), None
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                line = subprocess.run(self.QUERY, capture_output=True, text=True, timeout=5).stdout
+                clock, power, reasons = (x.strip() for x in line.strip().split(","))
+                self.samples.append((float(clock), float(power), reasons))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return  # no nvidia-smi, or an answer we cannot read: stop asking
+            self._stop.wait(0.05)
+
+    def summary(self):
+        if not self.samples:
+            return "clock/power n/a"
+        reasons = sorted({r for _, _, r in self.samples})
+        return (f"SM {statistics.median(c for c, _, _ in self.samples):.0f} MHz, "
+                f"{statistics.median(p for _, p, _ in self.samples):.0f} W, throttle {'/'.join(reasons)}")
+
+
+class Timer:
+    """Median GPU time of callables, interleaved, each after an L2 flush.
+
+    The flush (a 256 MB write; the H200's L2 holds 60 MB) is queued behind a short sleep kernel so
+    that the GPU is still busy with it while Python queues the start event and the call: the
+    events then time the call, not the launch overhead of the Python layers."""
+
+    def __init__(self):
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once(self, fn, i=0):
+        torch.cuda._sleep(200_000)  # ~0.1 ms of GPU time
+        self.flush.fill_(i & 0xFF)
+        self.start.record()
+        fn()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    def interleaved(self, fns, iters, warmup=3):
+        """{name: fn} -> {name: median ms, or the exception a call raised}."""
+        results, live = {}, dict(fns)
+        for name, fn in list(live.items()):
+            try:
+                for i in range(warmup):
+                    self.once(fn, i)
+            except Exception as error:  # a refused or unsupported call: reported, not fatal
+                results[name] = error
+                del live[name]
+        times = {name: [] for name in live}
+        for i in range(iters):
+            for name, fn in live.items():
+                times[name].append(self.once(fn, i))
+        results.update({name: statistics.median(t) for name, t in times.items()})
+        return results
+
+
+def normal(shape, dtype, generator):
+    return torch.randn(shape, generator=generator, device="cuda", dtype=torch.float32).to(dtype)
