@@ -192,11 +192,61 @@ void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::Tensor
   });
 }
 
-int64_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len,
-                                  int64_t num_sms) {
+// max_kv_tokens and invariant_split_tokens 0: the four-argument form (mla_decode's workspace).
+int64_t mla_decode_workspace_size(int64_t batch, int64_t num_heads, int64_t q_len, int64_t num_sms,
+                                  int64_t max_kv_tokens, int64_t invariant_split_tokens) {
   return translating_errors("mla_decode_workspace_size", [&] {
+    const int sms = static_cast<int>(num_sms);
     return static_cast<int64_t>(
-        speedmla::mla_decode_workspace_size(batch, num_heads, q_len, static_cast<int>(num_sms)));
+        max_kv_tokens == 0 && invariant_split_tokens == 0
+            ? speedmla::mla_decode_workspace_size(batch, num_heads, q_len, sms)
+            : speedmla::mla_decode_workspace_size(batch, num_heads, q_len, sms, max_kv_tokens, invariant_split_tokens));
+  });
+}
+
+// ---- reusable decode plans (speedmla/decode.h) -------------------------------------------------
+
+// A DecodePlan for Python. It holds no memory: the Python DecodePlan keeps the workspace (and
+// seq_lens) it was made with alive beside it.
+class DecodePlanObj : public ffi::Object {
+ public:
+  explicit DecodePlanObj(const speedmla::DecodePlan& plan) : plan(plan) {}
+  speedmla::DecodePlan plan;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("speedmla.DecodePlan", DecodePlanObj, ffi::Object);
+};
+
+class DecodePlanRef : public ffi::ObjectRef {
+ public:
+  explicit DecodePlanRef(ffi::ObjectPtr<DecodePlanObj> ptr) : ffi::ObjectRef(std::move(ptr)) {}
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NOTNULLABLE(DecodePlanRef, ffi::ObjectRef, DecodePlanObj);
+};
+
+DecodePlanRef mla_decode_plan(ffi::TensorView seq_lens, ffi::TensorView block_table, int64_t num_heads,
+                              int64_t q_len, ffi::String dtype, int64_t page_size,
+                              ffi::Optional<ffi::TensorView> workspace, int64_t invariant_split_tokens) {
+  return translating_errors("mla_decode_plan", [&] {
+    DType type;
+    if (dtype == "float8_e4m3fn") type = DType::kFloat8E4M3;
+    else if (dtype == "bfloat16") type = DType::kBFloat16;
+    else throw speedmla::Error("mla_decode_plan: dtype must be 'float8_e4m3fn' or 'bfloat16', got '" +
+                               std::string(dtype) + "'");
+    const speedmla::TensorView lens = view(seq_lens, "seq_lens");
+    const speedmla::DecodePlan plan =
+        speedmla::mla_decode_plan(lens, view(block_table, "block_table"), num_heads, q_len, type, page_size,
+                                  view(workspace, "workspace"), invariant_split_tokens, stream_of(lens.device));
+    return DecodePlanRef(ffi::make_object<DecodePlanObj>(plan));
+  });
+}
+
+void mla_decode_with_plan(DecodePlanRef plan, ffi::TensorView q, ffi::TensorView kv_cache,
+                          ffi::TensorView block_table, ffi::TensorView seq_lens, ffi::TensorView out,
+                          ffi::Optional<ffi::TensorView> lse, double softmax_scale, double output_scale) {
+  translating_errors("mla_decode_with_plan", [&] {
+    const speedmla::TensorView q_view = view(q, "q");
+    speedmla::mla_decode_with_plan(plan->plan, q_view, view(kv_cache, "kv_cache"), view(block_table, "block_table"),
+                                   view(seq_lens, "seq_lens"), view(out, "out"), view(lse, "lse"),
+                                   static_cast<float>(softmax_scale), static_cast<float>(output_scale),
+                                   stream_of(q_view.device));
   });
 }
 
@@ -428,6 +478,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache, gather_cache);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_fp8, quantize_fp8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pack_prefill_kv, pack_prefill_kv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode_workspace_size, mla_decode_workspace_size);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode_plan, mla_decode_plan);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode_with_plan, mla_decode_with_plan);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(device_sm_count, device_sm_count);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_page_size_supported, decode_page_size_supported);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(padded_block_table_width, padded_block_table_width);

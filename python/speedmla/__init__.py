@@ -27,12 +27,15 @@ from .ops import (
     PREFILL_QK_DIM,
     PREFILL_V_DIM,
     ROPE_DIM,
+    DecodePlan,
     decode_page_size_supported,
     device_sm_count,
     gather_cache,
     kv_cache_write,
     merge_attn_states,
     mla_decode,
+    mla_decode_plan,
+    mla_decode_with_plan,
     mla_decode_workspace_size,
     mla_prefill,
     pack_prefill_kv,
@@ -43,8 +46,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CACHE_ROW_DIM", "LATENT_DIM", "PREFILL_QK_DIM", "PREFILL_V_DIM", "ROPE_DIM",
-    "ChunkedPrefillMetadata", "DecodeMetadata", "Error", "ForwardMode", "MlaBackend",
+    "ChunkedPrefillMetadata", "DecodeMetadata", "DecodePlan", "Error", "ForwardMode", "MlaBackend",
     "MlaBackendConfig", "PrefillMetadata", "decode_page_size_supported", "device_sm_count",
     "gather_cache", "kv_cache_write", "library_path", "merge_attn_states", "mla_decode",
-    "mla_decode_workspace_size", "mla_prefill", "pack_prefill_kv", "quantize_fp8",
+    "mla_decode_plan", "mla_decode_with_plan", "mla_decode_workspace_size", "mla_prefill",
+    "pack_prefill_kv", "quantize_fp8",
 ]

@@ -141,8 +141,8 @@ def _is_array(x: Any) -> bool:
 
 
 # Parameters of the operations that are numbers or flags rather than tensors.
-_FLAGS = ("causal", "return_lse", "dtype")
-_INTS = ("cp_world", "cp_rank")
+_FLAGS = ("causal", "return_lse", "dtype", "plan")  # plan: checked by mla_decode_with_plan itself
+_INTS = ("cp_world", "cp_rank", "num_heads", "q_len", "page_size", "invariant_split_tokens")
 
 
 def raise_argument_error(function: Callable, arguments: dict, failure: Exception) -> None:

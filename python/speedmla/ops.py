@@ -16,7 +16,7 @@ import functools
 import operator
 
 from . import _tensors as tz
-from ._native import lib
+from ._native import Error, lib
 
 LATENT_DIM = 512  # kv_lora_rank: the latent part of a cache row, and the decode output width
 ROPE_DIM = 64  # qk_rope_head_dim
@@ -243,9 +243,94 @@ def _decode_workspace_bytes(batch: int, num_heads: int, q_len: int, device: int)
     return mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(device))
 
 
-def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: int) -> int:
-    """Bytes of GPU workspace mla_decode needs: an upper bound independent of sequence lengths."""
-    return int(lib().mla_decode_workspace_size(int(batch), int(num_heads), int(q_len), int(num_sms)))
+def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: int, *, max_kv_tokens: int = 0,
+                              invariant_split_tokens: int = 0) -> int:
+    """Bytes of GPU workspace mla_decode needs: an upper bound independent of sequence lengths.
+
+    With invariant_split_tokens > 0 (a multiple of 64), the workspace of a batch-invariant plan
+    (mla_decode_plan), which also holds its partial results: max_kv_tokens (block_table.shape[1]
+    * page_size, >= 1) is then required. Either size also serves mla_decode.
+    """
+    return int(lib().mla_decode_workspace_size(int(batch), int(num_heads), int(q_len), int(num_sms),
+                                               int(max_kv_tokens), int(invariant_split_tokens)))
+
+
+class DecodePlan:
+    """A split-KV plan for the layers of one decode step (mla_decode_plan); pass it to
+    mla_decode_with_plan. It keeps the workspace it was written into (and the seq_lens it was
+    made from) alive; its shapes are checked at every use."""
+
+    __slots__ = ("_handle", "workspace", "seq_lens")
+
+    def __init__(self, handle, workspace, seq_lens):
+        self._handle, self.workspace, self.seq_lens = handle, workspace, seq_lens
+
+
+def mla_decode_plan(seq_lens, block_table, *, num_heads: int, q_len: int, dtype: str, page_size: int,
+                    workspace=None, invariant_split_tokens: int = 0) -> DecodePlan:
+    """Makes the split-KV plan of a decode batch once, for every layer of the step to reuse.
+
+    On the GPU, mla_decode launches a planner, the attention kernel and a combine; a plan made
+    here once per step lets each layer's mla_decode_with_plan skip the planner (its launch and
+    its GPU time), as FlashMLA's metadata does. Launches only the planner, on the current stream:
+    no host synchronisation, capturable in a CUDA graph.
+
+    Args:
+        seq_lens: [B] int32 on the device of the calls to come; read on the device.
+        block_table: [B, max_pages] int32; only its shape is used.
+        num_heads, q_len: H (1-128) and the query tokens per request (1-1024) of the calls.
+        dtype: "bfloat16" or "float8_e4m3fn", the dtype of q and kv_cache of the calls.
+        page_size: tokens per cache page of the calls (GPU: a power of two, 1-128).
+        workspace: optional uint8 GPU buffer of at least mla_decode_workspace_size(B, H, q_len,
+            SMs, max_kv_tokens=max_pages * page_size, invariant_split_tokens=...) bytes,
+            256-byte aligned; allocated through PyTorch when None. Unused on the CPU.
+        invariant_split_tokens: 0 for mla_decode's balanced split; a positive multiple of 64
+            for the batch-invariant policy: a request's output is then the same bits whatever
+            else is in the batch (fixed pieces of that many tokens).
+
+    The plan stays valid while seq_lens keeps its values and the workspace is used by nothing
+    else (not by mla_decode, nor by another plan): make a new one every decode step. Calls on
+    another stream need their own plan and workspace.
+    """
+    try:
+        if workspace is None and tz.is_cuda(seq_lens):
+            batch, max_pages = tz.dims(block_table, 2, "mla_decode_plan", "block_table")
+            nbytes = mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(seq_lens.device.index),
+                                               max_kv_tokens=max_pages * page_size,
+                                               invariant_split_tokens=invariant_split_tokens)
+            workspace, _ = tz.empty(seq_lens, (nbytes,), "uint8")
+        handle = lib().mla_decode_plan(seq_lens, block_table, operator.index(num_heads), operator.index(q_len),
+                                       str(dtype).removeprefix("torch."), operator.index(page_size), workspace,
+                                       operator.index(invariant_split_tokens))
+        return DecodePlan(handle, workspace, seq_lens)
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(mla_decode_plan, locals(), failure)
+
+
+def mla_decode_with_plan(plan: DecodePlan, q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
+                         output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False):
+    """mla_decode on a plan from mla_decode_plan: the same arguments (no workspace: the plan's)
+    and the same result (with the balanced plan, the same bits), without the planner's launch.
+
+    Raises speedmla.Error when the plan was made for another batch, head count, q_len, dtype,
+    block-table width, page size, device or seq_lens tensor.
+    """
+    try:
+        if not isinstance(plan, DecodePlan):
+            raise Error(f"mla_decode_with_plan: plan must be the DecodePlan of mla_decode_plan, got "
+                        f"{type(plan).__name__}")
+        dims = tz.dims(q, 4, "mla_decode_with_plan", "q")
+        if out is None:
+            out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
+        else:
+            out_arg = tz.arg(out)
+        if lse is None and return_lse:
+            lse, _ = tz.empty(q, dims[:3], "float32")
+        lib().mla_decode_with_plan(plan._handle, tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg,
+                                   tz.arg(lse), float(softmax_scale), float(output_scale))
+        return (out, lse) if return_lse else out
+    except (TypeError, AttributeError, ValueError) as failure:
+        tz.raise_argument_error(mla_decode_with_plan, locals(), failure)
 
 
 def device_sm_count(device: int) -> int:

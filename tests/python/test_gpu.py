@@ -1,5 +1,6 @@
-"""speedmla with PyTorch on a CUDA device: operations against their CPU path, a decode step
-through the backend against the CPU backend (the reference), a torch.cuda.graph captured once
+"""speedmla with PyTorch on a CUDA device: operations against their CPU path, decode plans
+reused across layers (and the batch-invariant plan), a decode step through the backend against
+the CPU backend (the reference), a torch.cuda.graph captured once
 and replayed with three different batches, mla_prefill against a float64 reference, the
 chunked prefill through the backend against its CPU path, and broken CUDA calls refused with a
 clear error. Skipped without PyTorch or a CUDA device."""
@@ -83,6 +84,46 @@ def test_operations_match_their_cpu_path():
     cpu = speedmla.merge_attn_states(out_a, lse_a, out_b, lse_b)
     torch.testing.assert_close(gpu[0].cpu(), cpu[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gpu[1].cpu(), cpu[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("page", [1, 64])
+def test_one_plan_serves_every_layer_with_mla_decodes_bits(dtype, page):
+    g = torch.Generator().manual_seed(7)
+    batch, q_len, heads, max_pages = 5, 2, 16, 4096 // page
+    seq_lens = torch.tensor([4096, 1, 700, 3000, 64], dtype=torch.int32).cuda()
+    block_table = (torch.randperm(batch * max_pages, generator=g).to(torch.int32) + 1).view(batch, max_pages).cuda()
+    cache = (torch.rand(batch * max_pages + 1, page, 576, generator=g) * 2 - 1).to(getattr(torch, dtype)).cuda()
+    plan = speedmla.mla_decode_plan(seq_lens, block_table, num_heads=heads, q_len=q_len, dtype=dtype,
+                                    page_size=page)
+    for layer_index in range(3):
+        q = (torch.rand(batch, q_len, heads, 576, generator=g) * 2 - 1).to(getattr(torch, dtype)).cuda()
+        out = torch.full((batch, q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((batch, q_len, heads), float("nan"), device="cuda")
+        speedmla.mla_decode_with_plan(plan, q, cache, block_table, seq_lens, softmax_scale=0.05, out=out, lse=lse)
+        expected, expected_lse = speedmla.mla_decode(q, cache, block_table, seq_lens, softmax_scale=0.05,
+                                                     return_lse=True)
+        assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), layer_index
+        assert torch.equal(lse, expected_lse), layer_index
+        reference, _ = speedmla.mla_decode(q.cpu(), cache.cpu(), block_table.cpu(), seq_lens.cpu(),
+                                           softmax_scale=0.05, return_lse=True)
+        assert rel_l2(out, reference) < BOUND[dtype]
+
+
+def test_a_batch_invariant_plan_gives_a_request_the_same_bits_in_any_batch():
+    g = torch.Generator().manual_seed(8)
+    heads, q_len, page, max_pages = 16, 1, 64, 256
+    cache = (torch.rand(1 + 8 * max_pages, page, 576, generator=g) * 2 - 1).to(torch.bfloat16).cuda()
+    table = (torch.arange(8 * max_pages, dtype=torch.int32) + 1).view(8, max_pages).cuda()
+    q = (torch.rand(8, q_len, heads, 576, generator=g) * 2 - 1).to(torch.bfloat16).cuda()
+    outputs = []
+    for lens in ([16000, 20, 9000, 1, 300, 16384, 5000, 64], [16000, 16384, 16384, 16384, 1, 1, 1, 1]):
+        seq_lens = torch.tensor(lens, dtype=torch.int32).cuda()
+        plan = speedmla.mla_decode_plan(seq_lens, table, num_heads=heads, q_len=q_len, dtype="bfloat16",
+                                        page_size=page, invariant_split_tokens=4096)
+        outputs.append(speedmla.mla_decode_with_plan(plan, q, cache, table, seq_lens, softmax_scale=0.05))
+    # Request 0 has the same query, pages and length in both batches; the rest of the batch differs.
+    assert torch.equal(outputs[0][0].view(torch.int16), outputs[1][0].view(torch.int16))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])

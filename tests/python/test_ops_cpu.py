@@ -99,6 +99,37 @@ def test_mla_decode_matches_reference(rng):
     assert speedmla.mla_decode(q, cache, block_table, seq_lens, softmax_scale=0.05).dtype == np.uint16
 
 
+def test_mla_decode_with_plan_gives_mla_decodes_bits_and_checks_the_plan(rng):
+    batch, q_len, heads, page = 2, 2, 3, 8
+    cache = ref.bf16_bits(rng.uniform(-1, 1, (6, page, 576)))
+    block_table = np.array([[3, 1, 0], [5, 2, 4]], np.int32)
+    seq_lens = np.array([12, 24], np.int32)
+    plan = speedmla.mla_decode_plan(seq_lens, block_table, num_heads=heads, q_len=q_len, dtype="bfloat16",
+                                    page_size=page)
+    for layer in range(3):  # one plan serves every layer of the step
+        q = ref.bf16_bits(rng.uniform(-1, 1, (batch, q_len, heads, 576)))
+        out = np.full((batch, q_len, heads, 512), 0x7FC0, np.uint16)  # poisoned: NaN
+        lse = np.full((batch, q_len, heads), np.nan, np.float32)
+        speedmla.mla_decode_with_plan(plan, q, cache, block_table, seq_lens, softmax_scale=0.05,
+                                      output_scale=0.5, out=out, lse=lse)
+        expected, expected_lse = speedmla.mla_decode(q, cache, block_table, seq_lens, softmax_scale=0.05,
+                                                     output_scale=0.5, return_lse=True)
+        assert np.array_equal(out, expected) and np.array_equal(lse, expected_lse), layer
+    with pytest.raises(speedmla.Error, match="q_len"):
+        speedmla.mla_decode_with_plan(plan, np.zeros((batch, 1, heads, 576), np.uint16), cache, block_table,
+                                      seq_lens, softmax_scale=0.05)
+    with pytest.raises(speedmla.Error, match="seq_lens"):
+        speedmla.mla_decode_with_plan(plan, q, cache, block_table, seq_lens.copy(), softmax_scale=0.05)
+    with pytest.raises(speedmla.Error, match="plan must be the DecodePlan"):
+        speedmla.mla_decode_with_plan(object(), q, cache, block_table, seq_lens, softmax_scale=0.05)
+    with pytest.raises(speedmla.Error, match="dtype must be"):
+        speedmla.mla_decode_plan(seq_lens, block_table, num_heads=heads, q_len=q_len, dtype="float16",
+                                 page_size=page)
+    with pytest.raises(speedmla.Error, match="num_heads must be an int"):
+        speedmla.mla_decode_plan(seq_lens, block_table, num_heads=3.0, q_len=q_len, dtype="bfloat16",
+                                 page_size=page)
+
+
 def test_pack_prefill_kv(rng):
     k_nope = rng.uniform(-4, 4, (5, 3, 128)).astype(np.float32)
     k_rope = rng.uniform(-4, 4, (5, 64)).astype(np.float32)
@@ -115,6 +146,12 @@ def test_pack_prefill_kv(rng):
 def test_small_helpers():
     assert speedmla.decode_page_size_supported(64) and not speedmla.decode_page_size_supported(48)
     assert speedmla.mla_decode_workspace_size(4, 16, 2, 132) > 0
+    balanced = speedmla.mla_decode_workspace_size(4, 16, 2, 132)
+    invariant = speedmla.mla_decode_workspace_size(4, 16, 2, 132, max_kv_tokens=1 << 22,
+                                                   invariant_split_tokens=4096)
+    assert invariant > balanced  # room for the invariant plan's 4 x 1024 pieces of partial results
+    with pytest.raises(speedmla.Error):
+        speedmla.mla_decode_workspace_size(4, 16, 2, 132, max_kv_tokens=8192, invariant_split_tokens=100)
 
 
 @pytest.mark.parametrize("call, message", [
