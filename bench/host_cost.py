@@ -5,8 +5,9 @@
 
 Runs the C++ program (bench/host_cost.cpp) for its figures, then the same calls from Python:
 with PyTorch and a GPU, the full decode call (B = 1, H = 16, q_len 1, 64 tokens; at most 100
-calls a round, the stream drained after each round, untimed: the calling thread's time), with a workspace passed and without one (then the
-package allocates it through PyTorch); otherwise the validation-only call (B = 0, NumPy arrays
+calls a round, the stream drained after each round, untimed: the calling thread's time), with a
+workspace passed and without one (then the package allocates it through PyTorch), and
+mla_decode_with_plan on a reused plan; it says how tvm_ffi converts the torch tensors; otherwise the validation-only call (B = 0, NumPy arrays
 on the CPU) against C++'s B = 0 call on CPU views. Target (issue 16): Python <= 10 us over C++.
 Each figure is the best of --rounds rounds, per call.
 """
@@ -75,6 +76,10 @@ def main() -> None:
               f"({per_call - base:+.3f} us over C++)")
         return
 
+    # tvm_ffi sets this when it can use PyTorch's C DLPack exchange API (and
+    # TVM_FFI_DISABLE_TORCH_C_DLPACK is not 1); otherwise each tensor goes through __dlpack__.
+    fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    print("tensor conversion: " + ("PyTorch's C DLPack exchange API" if fast else "Python __dlpack__ per tensor"))
     for dtype in (torch.float8_e4m3fn, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         q = torch.zeros((1, 1, 16, 576), dtype=dtype, device="cuda")
@@ -96,6 +101,16 @@ def main() -> None:
                 per_call = best_per_call_us(call, min(args.calls, 100), args.rounds, stream.synchronize)
                 print(f"(c) Python mla_decode full GPU call, {name:13s} {label}: {per_call:7.3f} us "
                       f"({per_call - base:+.3f} us over C++)")
+            plan = speedmla.mla_decode_plan(lens, table, num_heads=16, q_len=1, dtype=name, page_size=64, workspace=ws)
+            base = next(v for k, v in cpp.items() if k.startswith("mla_decode_with_plan (plan reused), " + name))
+
+            def call_with_plan():
+                speedmla.mla_decode_with_plan(plan, q, cache, table, lens, softmax_scale=0.0417, out=out, lse=lse)
+            call_with_plan()
+            torch.cuda.synchronize()
+            per_call = best_per_call_us(call_with_plan, min(args.calls, 100), args.rounds, stream.synchronize)
+            print(f"(c) Python mla_decode_with_plan, {name:13s} plan reused  : {per_call:7.3f} us "
+                  f"({per_call - base:+.3f} us over C++)")
 
 
 if __name__ == "__main__":

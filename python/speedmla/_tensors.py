@@ -9,6 +9,7 @@ takes those integer types otherwise), and outputs of those types come back as su
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from typing import Any, Callable, Sequence
@@ -23,12 +24,19 @@ _FROM_NUMPY_BITS = {bits: name for name, bits in _NUMPY_BITS.items()}
 _FROM_NUMPY_CHAR = {"H": "bfloat16", "B": "float8_e4m3fn"}  # uint16, uint8
 
 
+@functools.cache
+def _framework(cls: type) -> str:
+    """The top-level package of an array type ("torch", "numpy", ...), worked out once per type:
+    is_torch and is_numpy run for every array of every call."""
+    return cls.__module__.split(".")[0]
+
+
 def is_torch(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+    return _framework(type(x)) == "torch"
 
 
 def is_numpy(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "numpy"
+    return _framework(type(x)) == "numpy"
 
 
 def dtype_name(x: Any) -> str:
