@@ -31,6 +31,44 @@ inline double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// The median GPU time in ms of `call` over `iters` timed calls after `warmup` untimed ones, each
+// call after a write of `flush_bytes` at `flush` (the L2 emptied of the inputs) and timed on its
+// own with CUDA events on the default stream. `before_timed` runs once, before the first timed
+// call. An exception from `call` leaves through here.
+template <typename Call, typename BeforeTimed>
+double median_flushed_ms(const Call& call, void* flush, size_t flush_bytes, int iters, int warmup,
+                         const BeforeTimed& before_timed) {
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    Events() {
+      cuda(cudaEventCreate(&start), "event");
+      cuda(cudaEventCreate(&stop), "event");
+    }
+    ~Events() {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+  } events;
+  std::vector<float> times;
+  for (int i = 0; i < warmup + iters; ++i) {
+    if (i == warmup) before_timed();
+    cuda(cudaMemsetAsync(flush, i & 0xFF, flush_bytes), "flush");
+    cuda(cudaEventRecord(events.start), "record");
+    call();
+    cuda(cudaEventRecord(events.stop), "record");
+    cuda(cudaEventSynchronize(events.stop), "sync");
+    float ms = 0;
+    cuda(cudaEventElapsedTime(&ms, events.start, events.stop), "elapsed");
+    if (i >= warmup) times.push_back(ms);
+  }
+  return median(times);
+}
+
+template <typename Call>
+double median_flushed_ms(const Call& call, void* flush, size_t flush_bytes, int iters, int warmup) {
+  return median_flushed_ms(call, flush, flush_bytes, iters, warmup, [] {});
+}
+
 // Fills `bytes` of device memory with values of `dtype` (FP8 e4m3 or BF16) drawn from `dist`: a
 // host block of at most `block_bytes` drawn once, copied over and over.
 template <typename Distribution>

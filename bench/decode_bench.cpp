@@ -44,7 +44,6 @@ namespace {
 
 using namespace speedmla;
 using bench::cuda;
-using bench::median;
 
 // Ceilings measured on the H200 (performance.md).
 constexpr double kReadTBs = 4.58, kFp8Tflops = 1267, kBf16Tflops = 700;
@@ -143,24 +142,8 @@ Result run_case(const Case& c, Buffers& buf, int iters, int run_tokens) {
   const size_t ws_bytes = mla_decode_workspace_size(c.batch, c.heads, c.q_len, device_sm_count(device));
   const TensorView ws = make_view(buf.workspace, DType::kUInt8, dev, {static_cast<int64_t>(ws_bytes)});
 
-  cudaEvent_t start, stop;
-  cuda(cudaEventCreate(&start), "event");
-  cuda(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int i = 0; i < iters + 3; ++i) {
-    cuda(cudaMemsetAsync(buf.flush, i & 0xFF, buf.flush_bytes), "flush");
-    cuda(cudaEventRecord(start), "record");
-    mla_decode(q, cache, bt, sl, out, lse, ws, 0.0416667f, 1.f);
-    cuda(cudaEventRecord(stop), "record");
-    cuda(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (i >= 3) times.push_back(ms);
-  }
-  cuda(cudaEventDestroy(start), "event");
-  cuda(cudaEventDestroy(stop), "event");
-
-  const double ms = median(times);
+  const double ms = bench::median_flushed_ms([&] { mla_decode(q, cache, bt, sl, out, lse, ws, 0.0416667f, 1.f); },
+                                             buf.flush, buf.flush_bytes, iters, 3);
   const double S = static_cast<double>(c.batch) * c.seq_len;
   const double flops = 2.0 * c.q_len * S * c.heads * (kCacheRowDim + kLatentDim);
   const double bytes = S * kCacheRowDim * e + double(c.batch) * c.q_len * c.heads * (kCacheRowDim * e + kLatentDim * 2);

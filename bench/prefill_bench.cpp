@@ -119,32 +119,18 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
     std::fflush(stdout);
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
 
-    cudaEvent_t start, stop;
-    cuda(cudaEventCreate(&start), "event");
-    cuda(cudaEventCreate(&stop), "event");
-    std::vector<float> times;
     GpuStateSampler sampler;
+    double ms = 0;
     try {
-      for (int i = 0; i < iters + 3; ++i) {
-        if (i == 3) sampler.start();
-        cuda(cudaMemsetAsync(buf.flush, i & 0xFF, kFlushBytes), "flush");
-        cuda(cudaEventRecord(start), "record");
-        mla_prefill(q, k, v, cu_view, cu_view, out, lse, c.causal, 0.0721688f, 1.f);
-        cuda(cudaEventRecord(stop), "record");
-        cuda(cudaEventSynchronize(stop), "sync");
-        float ms = 0;
-        cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (i >= 3) times.push_back(ms);
-      }
+      ms = median_flushed_ms([&] { mla_prefill(q, k, v, cu_view, cu_view, out, lse, c.causal, 0.0721688f, 1.f); },
+                             buf.flush, kFlushBytes, iters, 3, [&] { sampler.start(); });
     } catch (const Error& error) {
       std::printf("refused: %s\n", error.what());
       status = 1;
     }
     const std::string state = sampler.stop();
-    cuda(cudaEventDestroy(start), "event");
-    cuda(cudaEventDestroy(stop), "event");
-    if (times.empty()) continue;
-    const double ms = median(times), tflops = prefill_flops(c) / (ms * 1e-3) / 1e12;
+    if (ms == 0) continue;
+    const double tflops = prefill_flops(c) / (ms * 1e-3) / 1e12;
     std::string peer = "-";
     if (const auto it = kCudnnBf16.find({c.heads, c.batch, c.len}); it != kCudnnBf16.end() && c.causal) {
       char text[48];

@@ -39,27 +39,16 @@ double time_row_reads(const void* pool, const std::vector<int64_t>& row_offsets,
   int device = 0, sms = 0;
   cuda(cudaGetDevice(&device), "device");
   cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SMs");
-  cudaEvent_t start, stop;
-  cuda(cudaEventCreate(&start), "event");
-  cuda(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int i = 0; i < iters + 2; ++i) {
-    cuda(cudaMemsetAsync(flush, i & 0xFF, flush_bytes), "flush");
-    cuda(cudaEventRecord(start), "record");
-    read_rows<<<8 * sms, 256>>>(static_cast<const uint8_t*>(pool), rows, static_cast<int64_t>(row_offsets.size()),
-                                row_bytes / 16, sink);
-    cuda(cudaGetLastError(), "read_rows");
-    cuda(cudaEventRecord(stop), "record");
-    cuda(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (i >= 2) times.push_back(ms);
-  }
-  cuda(cudaEventDestroy(start), "event");
-  cuda(cudaEventDestroy(stop), "event");
+  const double ms = median_flushed_ms(
+      [&] {
+        read_rows<<<8 * sms, 256>>>(static_cast<const uint8_t*>(pool), rows, static_cast<int64_t>(row_offsets.size()),
+                                    row_bytes / 16, sink);
+        cuda(cudaGetLastError(), "read_rows");
+      },
+      flush, flush_bytes, iters, 2);
   cuda(cudaFree(rows), "free");
   cuda(cudaFree(sink), "free");
-  return median(times);
+  return ms;
 }
 
 }  // namespace speedmla::bench

@@ -60,13 +60,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
         out, or (out, lse) when return_lse.
     """
     try:
-        dims = tz.dims(q, 4, "mla_decode", "q")
-        if out is None:
-            out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
-        else:
-            out_arg = tz.arg(out)
-        if lse is None and return_lse:
-            lse, _ = tz.empty(q, dims[:3], "float32")
+        dims, out, out_arg, lse = _decode_outputs(q, out, lse, return_lse, "mla_decode")
         if workspace is None and tz.is_cuda(q):
             # Allocated through PyTorch (stream-ordered, safe in graph capture); its size comes from a
             # cache, not from two more calls into the compiled module per decode.
@@ -237,6 +231,19 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
         tz.raise_argument_error(pack_prefill_kv, locals(), failure)
 
 
+def _decode_outputs(q, out, lse, return_lse: bool, function: str):
+    """q's dims, then out and its module form, and lse: those given, or allocated like q
+    (out [B, q_len, H, 512] BF16; lse [B, q_len, H] FP32 only when return_lse asks for it)."""
+    dims = tz.dims(q, 4, function, "q")
+    if out is None:
+        out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
+    else:
+        out_arg = tz.arg(out)
+    if lse is None and return_lse:
+        lse, _ = tz.empty(q, dims[:3], "float32")
+    return dims, out, out_arg, lse
+
+
 @functools.lru_cache(maxsize=1024)
 def _decode_workspace_bytes(batch: int, num_heads: int, q_len: int, device: int) -> int:
     """mla_decode_workspace_size on `device`'s SMs, remembered: it depends on these four only."""
@@ -319,13 +326,7 @@ def mla_decode_with_plan(plan: DecodePlan, q, kv_cache, block_table, seq_lens, *
         if not isinstance(plan, DecodePlan):
             raise Error(f"mla_decode_with_plan: plan must be the DecodePlan of mla_decode_plan, got "
                         f"{type(plan).__name__}")
-        dims = tz.dims(q, 4, "mla_decode_with_plan", "q")
-        if out is None:
-            out, out_arg = tz.empty(q, (*dims[:3], LATENT_DIM), "bfloat16")
-        else:
-            out_arg = tz.arg(out)
-        if lse is None and return_lse:
-            lse, _ = tz.empty(q, dims[:3], "float32")
+        _, out, out_arg, lse = _decode_outputs(q, out, lse, return_lse, "mla_decode_with_plan")
         lib().mla_decode_with_plan(plan._handle, tz.arg(q), tz.arg(kv_cache), block_table, seq_lens, out_arg,
                                    tz.arg(lse), float(softmax_scale), float(output_scale))
         return (out, lse) if return_lse else out
