@@ -156,37 +156,41 @@ TEST_P(DecodeGpu, InvalidSeqLenGivesNaNNotACrash) {
 
 // A cache of more than 2^31 elements: the requests' pages sit past the 2^31st element.
 TEST_P(DecodeGpu, CacheBeyondTwoGigaElements) {
-  size_t free_bytes = 0, total_bytes = 0;
-  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
-  const int64_t esize = static_cast<int64_t>(dtype_size(dtype()));
-  const int64_t page_size = 64, page_elems = page_size * kCacheRowDim;
-  const int64_t num_pages = ((int64_t{1} << 31) + 64 * page_elems) / page_elems;
-  if (free_bytes < static_cast<size_t>(num_pages * page_elems * esize) + (size_t{4} << 30))
-    GTEST_SKIP() << "needs " << (num_pages * page_elems * esize >> 20) << " MiB of free device memory";
-
-  DecodeProblemSpec s = spec_for(dtype(), 2, 2, 16, page_size, 300, 900, seed());
-  const DecodeProblem pb = make_decode_problem(s);
-  const DecodeResult ref = run_reference(pb);
-  // Relocate the problem's pages to the top of a huge cache: page p -> num_pages - pb.num_pages + p.
-  const int64_t offset_pages = num_pages - pb.num_pages;
-  DeviceTensor big(dtype(), {num_pages, page_size, kCacheRowDim});
-  ASSERT_EQ(cudaMemset(big.view().data, 0xFF, static_cast<size_t>(num_pages * page_elems * esize)), cudaSuccess);
-  const int64_t page_stride = pb.kv_cache.strides[0];
-  for (int64_t p = 0; p < pb.num_pages; ++p)
-    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(big.view().data) + (offset_pages + p) * page_elems * esize,
-                         static_cast<const uint8_t*>(pb.cache_storage.view().data) + p * page_stride * esize,
-                         page_elems * esize, cudaMemcpyHostToDevice),
-              cudaSuccess);
-  HostTensor table = pb.block_table;
-  for (int64_t i = 0; i < table.numel(); ++i) table.data<int32_t>()[i] += static_cast<int32_t>(offset_pages);
-  DeviceProblem dev(pb);
-  dev.block_table.upload(table);
-  dev.kv_cache = big.view();
-  dev.out.fill_bytes(0xFF);
-  dev.lse.fill_bytes(0xFF);
-  dev.run(s);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, s);
+  // Pages of 64 come through TMA, pages of 1 through the copied-rows producer.
+  for (const int64_t page_size : {int64_t{64}, int64_t{1}}) {
+    SCOPED_TRACE("page size " + std::to_string(page_size));
+    DecodeProblemSpec s = spec_for(dtype(), 2, 2, 16, page_size, 300, 900, seed());
+    const DecodeProblem pb = make_decode_problem(s);
+    const int64_t esize = static_cast<int64_t>(dtype_size(dtype()));
+    const int64_t page_elems = page_size * kCacheRowDim;
+    // Every page of the problem lands past element 2^31 (and 64 pages of 64 past it at least).
+    const int64_t num_pages = (int64_t{1} << 31) / page_elems + std::max<int64_t>(pb.num_pages, 64 * 64 / page_size) + 1;
+    size_t free_bytes = 0, total_bytes = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+    if (free_bytes < static_cast<size_t>(num_pages * page_elems * esize) + (size_t{4} << 30))
+      GTEST_SKIP() << "needs " << (num_pages * page_elems * esize >> 20) << " MiB of free device memory";
+    const DecodeResult ref = run_reference(pb);
+    // Relocate the problem's pages to the top of a huge cache: page p -> num_pages - pb.num_pages + p.
+    const int64_t offset_pages = num_pages - pb.num_pages;
+    DeviceTensor big(dtype(), {num_pages, page_size, kCacheRowDim});
+    ASSERT_EQ(cudaMemset(big.view().data, 0xFF, static_cast<size_t>(num_pages * page_elems * esize)), cudaSuccess);
+    const int64_t page_stride = pb.kv_cache.strides[0];
+    for (int64_t p = 0; p < pb.num_pages; ++p)
+      ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(big.view().data) + (offset_pages + p) * page_elems * esize,
+                           static_cast<const uint8_t*>(pb.cache_storage.view().data) + p * page_stride * esize,
+                           page_elems * esize, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    HostTensor table = pb.block_table;
+    for (int64_t i = 0; i < table.numel(); ++i) table.data<int32_t>()[i] += static_cast<int32_t>(offset_pages);
+    DeviceProblem dev(pb);
+    dev.block_table.upload(table);
+    dev.kv_cache = big.view();
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    dev.run(s);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, s);
+  }
 }
 
 // Capture once, replay with three different batches (lengths, page tables and queries).
