@@ -203,6 +203,11 @@ int main(int argc, char** argv) {
       [&] { cuda(cudaStreamSynchronize(stream), "sync"); });
   std::printf("(c) floor: three dependent launches of an empty kernel  : %7.3f us (%d calls per round)\n",
               floor_per_call, gpu_calls);
+  const double plain_per_call = time_per_call(
+      gpu_calls, rounds, [&] { cuda(launch_three_plain_empty_kernels(stream), "plain empty launches"); },
+      [&] { cuda(cudaStreamSynchronize(stream), "sync"); });
+  std::printf("(c) floor: three plain <<<>>> launches of an empty kernel: %7.3f us (%d calls per round)\n",
+              plain_per_call, gpu_calls);
   cuda(cudaStreamDestroy(stream), "stream");
   return 0;
 }

@@ -10,6 +10,14 @@ namespace {
 __global__ void empty_kernel(int) {}
 }  // namespace
 
+cudaError_t launch_three_plain_empty_kernels(cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) {
+    empty_kernel<<<1, 32, 0, stream>>>(i);
+    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t launch_three_empty_kernels(cudaStream_t stream) {
   for (int i = 0; i < 3; ++i) {
     const cudaError_t status =
