@@ -31,6 +31,18 @@ def _valid(op, rng):
         table = rng.integers(0, pages, (b, width)).astype(np.int32)
         lens = rng.integers(0, width * ps + 1, b).astype(np.int32)
         return speedmla.mla_decode, [q, cache, table, lens], {"softmax_scale": 0.05}
+    if op == "mla_decode_with_plan":
+        # A plan made from the call's own (possibly broken) lengths and table, for the valid
+        # call's shapes: a broken array is refused by the plan or by the planned call.
+        _, args, kwargs = _valid("mla_decode", rng)
+        _, q_len, h, _ = args[0].shape
+        page_size = args[1].shape[1]
+
+        def decode_with_plan(q, cache, table, lens, **kw):
+            plan = speedmla.mla_decode_plan(lens, table, num_heads=h, q_len=q_len, dtype="bfloat16",
+                                            page_size=page_size)
+            return speedmla.mla_decode_with_plan(plan, q, cache, table, lens, **kw)
+        return decode_with_plan, args, kwargs
     if op == "mla_prefill":
         b, h = i(1, 3), i(1, 2)
         lq, lk = rng.integers(0, 6, b), rng.integers(0, 7, b)
@@ -105,8 +117,8 @@ def _results(value):
     return list(value) if isinstance(value, tuple) else [value]
 
 
-@pytest.mark.parametrize("op", ["mla_decode", "mla_prefill", "merge_attn_states", "kv_cache_write",
-                                "gather_cache", "quantize_fp8", "pack_prefill_kv"])
+@pytest.mark.parametrize("op", ["mla_decode", "mla_decode_with_plan", "mla_prefill", "merge_attn_states",
+                                "kv_cache_write", "gather_cache", "quantize_fp8", "pack_prefill_kv"])
 def test_refused_with_the_operation_named_or_same_as_contiguous(op, rng):
     refused = accepted = 0
     for case in range(CASES_PER_OP):
@@ -119,7 +131,8 @@ def test_refused_with_the_operation_named_or_same_as_contiguous(op, rng):
         try:
             got = function(*args, **kwargs)
         except speedmla.Error as error:
-            assert str(error).startswith(op + ": "), f"case {case} ({what}): {error}"
+            names = ("mla_decode_plan", op) if op == "mla_decode_with_plan" else (op,)
+            assert str(error).startswith(tuple(n + ": " for n in names)), f"case {case} ({what}): {error}"
             refused += 1
             continue
         accepted += 1
