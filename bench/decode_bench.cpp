@@ -4,6 +4,8 @@
 //   speedmla-bench [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N]
 //                  [--run-tokens N] [--case fp8|bf16,PAGE,B,S_K,H,Q_LEN]   (one case only, e.g. for a profiler)
 //   speedmla-bench --read-floor   (the memory system's rate for rows gathered in runs, read_floor.h)
+//   --plans also times, per case, the planner alone (mla_decode_plan), the call on a reused plan
+//   (mla_decode_with_plan) and on a reused batch-invariant plan (issue 13, items 4 and 5).
 //   speedmla-bench --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N]
 //   speedmla-bench --prefill-case fp8|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill)
 //
@@ -95,6 +97,9 @@ void fill_random(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
 
 struct Result {
   double ms, tflops, gbs;
+  // --plans: the planner alone, the call on a reused balanced plan, and on a reused
+  // batch-invariant plan (pieces of kDefaultInvariantSplitTokens); 0 when not timed.
+  double plan_ms = 0, with_plan_ms = 0, invariant_ms = 0;
 };
 
 // The generator of a case's page order: the same for the same case in any run.
@@ -114,7 +119,7 @@ std::vector<int32_t> place_pages(int64_t pages_needed, int64_t pool_pages, int64
   return table;
 }
 
-Result run_case(const Case& c, Buffers& buf, int iters, int run_tokens) {
+Result run_case(const Case& c, Buffers& buf, int iters, int run_tokens, bool plans) {
   const int64_t e = static_cast<int64_t>(dtype_size(c.dtype));
   const int64_t pages_per_seq = (c.seq_len + c.page_size - 1) / c.page_size;
   const int64_t pool_pages = static_cast<int64_t>(buf.cache_bytes / (c.page_size * kCacheRowDim * e));
@@ -142,12 +147,32 @@ Result run_case(const Case& c, Buffers& buf, int iters, int run_tokens) {
   const size_t ws_bytes = mla_decode_workspace_size(c.batch, c.heads, c.q_len, device_sm_count(device));
   const TensorView ws = make_view(buf.workspace, DType::kUInt8, dev, {static_cast<int64_t>(ws_bytes)});
 
-  const double ms = bench::median_flushed_ms([&] { mla_decode(q, cache, bt, sl, out, lse, ws, 0.0416667f, 1.f); },
+  constexpr float kScale = 0.0416667f;
+  const double ms = bench::median_flushed_ms([&] { mla_decode(q, cache, bt, sl, out, lse, ws, kScale, 1.f); },
                                              buf.flush, buf.flush_bytes, iters, 3);
   const double S = static_cast<double>(c.batch) * c.seq_len;
   const double flops = 2.0 * c.q_len * S * c.heads * (kCacheRowDim + kLatentDim);
   const double bytes = S * kCacheRowDim * e + double(c.batch) * c.q_len * c.heads * (kCacheRowDim * e + kLatentDim * 2);
-  return {ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
+  Result r{ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
+  if (plans) {
+    r.plan_ms = bench::median_flushed_ms([&] { mla_decode_plan(sl, bt, c.heads, c.q_len, c.dtype, c.page_size, ws); },
+                                         buf.flush, buf.flush_bytes, iters, 3);
+    const DecodePlan balanced = mla_decode_plan(sl, bt, c.heads, c.q_len, c.dtype, c.page_size, ws);
+    r.with_plan_ms = bench::median_flushed_ms(
+        [&] { mla_decode_with_plan(balanced, q, cache, bt, sl, out, lse, kScale); }, buf.flush, buf.flush_bytes,
+        iters, 3);
+    const size_t invariant_bytes =
+        mla_decode_workspace_size(c.batch, c.heads, c.q_len, device_sm_count(device), pages_per_seq * c.page_size,
+                                  kDefaultInvariantSplitTokens);
+    const TensorView invariant_ws =
+        make_view(buf.workspace, DType::kUInt8, dev, {static_cast<int64_t>(invariant_bytes)});
+    const DecodePlan invariant = mla_decode_plan(sl, bt, c.heads, c.q_len, c.dtype, c.page_size, invariant_ws,
+                                                 kDefaultInvariantSplitTokens);
+    r.invariant_ms = bench::median_flushed_ms(
+        [&] { mla_decode_with_plan(invariant, q, cache, bt, sl, out, lse, kScale); }, buf.flush, buf.flush_bytes,
+        iters, 3);
+  }
+  return r;
 }
 
 // The read rate of B = 128 requests' 8K cache rows (FP8 and BF16 row sizes) placed in runs of
@@ -183,6 +208,7 @@ int main(int argc, char** argv) {
   int rest_ms = 0;
   int run_tokens = 0;  // 0: every page placed on its own
   bool read_floor = false;
+  bool plans = false;  // also time the planner, a reused plan and a batch-invariant plan
   std::vector<DType> dtypes = {DType::kFloat8E4M3, DType::kBFloat16};
   std::vector<int> pages;
   std::vector<Case> only;
@@ -204,6 +230,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--rest-ms") && i + 1 < argc) rest_ms = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--run-tokens") && i + 1 < argc) run_tokens = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--read-floor")) read_floor = true;
+    else if (!std::strcmp(argv[i], "--plans")) plans = true;
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc) pages.push_back(std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       char type[8] = {};
@@ -221,7 +248,8 @@ int main(int argc, char** argv) {
       dtypes = {d == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16};
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--run-tokens N] [--case ...]\n"
+                   "usage: %s [--quick] [--dtype fp8|bf16] [--page N]... [--iters N] [--rest-ms N] [--run-tokens N] [--plans]\n"
+                   "          [--case ...]\n"
                    "       %s --read-floor\n"
                    "       %s --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N] [--prefill-case ...]\n",
                    argv[0], argv[0], argv[0]);
@@ -262,8 +290,12 @@ int main(int argc, char** argv) {
   cuda(cudaMalloc(&buf.table, size_t(128) * 32768 * 4), "table");
   cuda(cudaMalloc(&buf.lens, 1024 * 4), "lens");
   size_t ws_max = 0;
-  for (const Case& c : cases)
-    ws_max = std::max(ws_max, mla_decode_workspace_size(c.batch, c.heads, c.q_len, prop.multiProcessorCount));
+  for (const Case& c : cases) {
+    const int64_t max_kv_tokens = (c.seq_len + c.page_size - 1) / c.page_size * c.page_size;
+    ws_max = std::max(ws_max, plans ? mla_decode_workspace_size(c.batch, c.heads, c.q_len, prop.multiProcessorCount,
+                                                                max_kv_tokens, kDefaultInvariantSplitTokens)
+                                    : mla_decode_workspace_size(c.batch, c.heads, c.q_len, prop.multiProcessorCount));
+  }
   cuda(cudaMalloc(&buf.workspace, ws_max), "workspace");
 
   // Copy bandwidth in this run, as a check on the card's state against performance.md.
@@ -302,7 +334,7 @@ int main(int argc, char** argv) {
       filled = c.dtype;
     }
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
-    const Result r = run_case(c, buf, iters, run_tokens);
+    const Result r = run_case(c, buf, iters, run_tokens, plans);
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
     std::string peer_text;
     if (const double peer = flashmla_ms(c); peer > 0) {
@@ -313,6 +345,11 @@ int main(int argc, char** argv) {
     std::printf("%-5s %4d %4d %6d %3d %2d | %8.3f %8.1f %8.0f | %5.1f%% %5.1f%% | %s\n", fp8 ? "fp8" : "bf16",
                 c.page_size, c.batch, c.seq_len, c.heads, c.q_len, r.ms, r.tflops, r.gbs,
                 100.0 * r.gbs / (kReadTBs * 1000), 100.0 * r.tflops / (fp8 ? kFp8Tflops : kBf16Tflops), peer_text.c_str());
+    if (plans)
+      std::printf("      plans: planner alone %.4f ms (%.1f%% of the call); reused plan %.3f ms (%.1f%% less); "
+                  "batch-invariant plan (%lld-token pieces) %.3f ms (%.2fx the reused balanced plan)\n",
+                  r.plan_ms, 100.0 * r.plan_ms / r.ms, r.with_plan_ms, 100.0 * (r.ms - r.with_plan_ms) / r.ms,
+                  static_cast<long long>(kDefaultInvariantSplitTokens), r.invariant_ms, r.invariant_ms / r.with_plan_ms);
     std::fflush(stdout);
   }
   return 0;
