@@ -22,7 +22,8 @@
 // as within a grid; the L2 flushed before each timed call, median of --iters calls
 // timed one by one with CUDA events around the whole mla_decode (planner, main kernel and
 // combine). Prints ms, TFLOP/s and GB/s by the formulas of performance.md and the share of the
-// H200 ceilings; BF16 page-64 cells also show FlashMLA's time from performance.md.
+// H200 ceilings; BF16 page-64 cells also show FlashMLA's time from a table of performance.md,
+// measured on another day: a hint only. Same-run ratios come from bench/decode_peer.py.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -325,7 +326,7 @@ int main(int argc, char** argv) {
 
   DType filled = DType::kUInt8;
   std::printf("\n%-5s %4s %4s %6s %3s %2s | %8s %8s %8s | %6s %6s | %s\n", "dtype", "page", "B", "s_k", "H", "q",
-              "ms", "TFLOP/s", "GB/s", "%read", "%mma", "FlashMLA bf16 p64 (ms, ratio)");
+              "ms", "TFLOP/s", "GB/s", "%read", "%mma", "FlashMLA p64 table, not this run (ms, ratio)");
   for (const Case& c : cases) {
     if (c.dtype != filled) {
       std::mt19937_64 rng(2026 + static_cast<int>(c.dtype));

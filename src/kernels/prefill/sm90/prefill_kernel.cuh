@@ -279,8 +279,8 @@ struct PrefillKernel {
   // lets them go through a named barrier.
   static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
     const int stage = at.stage();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if constexpr (kFp8) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
       sm90::mbarrier_wait(&s.v_free[stage], at.free_parity());  // the P·V that read this V^T stage
       const uint32_t src = sm90::smem_u32(s.v[stage]), vt = sm90::smem_u32(s.vt[stage]);
