@@ -245,9 +245,11 @@ def _decode_outputs(q, out, lse, return_lse: bool, function: str):
 
 
 @functools.lru_cache(maxsize=1024)
-def _decode_workspace_bytes(batch: int, num_heads: int, q_len: int, device: int) -> int:
-    """mla_decode_workspace_size on `device`'s SMs, remembered: it depends on these four only."""
-    return mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(device))
+def _decode_workspace_bytes(batch: int, num_heads: int, q_len: int, device: int, max_kv_tokens: int = 0,
+                            invariant_split_tokens: int = 0) -> int:
+    """mla_decode_workspace_size on `device`'s SMs, remembered: it depends on its arguments only."""
+    return mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(device), max_kv_tokens=max_kv_tokens,
+                                     invariant_split_tokens=invariant_split_tokens)
 
 
 def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: int, *, max_kv_tokens: int = 0,
@@ -302,9 +304,8 @@ def mla_decode_plan(seq_lens, block_table, *, num_heads: int, q_len: int, dtype:
     try:
         if workspace is None and tz.is_cuda(seq_lens):
             batch, max_pages = tz.dims(block_table, 2, "mla_decode_plan", "block_table")
-            nbytes = mla_decode_workspace_size(batch, num_heads, q_len, device_sm_count(seq_lens.device.index),
-                                               max_kv_tokens=max_pages * page_size,
-                                               invariant_split_tokens=invariant_split_tokens)
+            nbytes = _decode_workspace_bytes(batch, num_heads, q_len, seq_lens.device.index, max_pages * page_size,
+                                             invariant_split_tokens)
             workspace, _ = tz.empty(seq_lens, (nbytes,), "uint8")
         handle = lib().mla_decode_plan(seq_lens, block_table, operator.index(num_heads), operator.index(q_len),
                                        str(dtype).removeprefix("torch."), operator.index(page_size), workspace,
