@@ -11,6 +11,24 @@ __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// ---- thread index, read where it is used ----------------------------------------------------
+// threadIdx.x as an opaque read: the compiler cannot hoist what is computed from it out of a loop,
+// so per-lane addresses are rebuilt at each use instead of held in registers across the loop (the
+// producer warps run with few registers).
+__device__ __forceinline__ uint32_t thread_index_here() {
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
+// ---- global memory ----------------------------------------------------------------------
+// One 16-byte store, kept whole: a plain uint4 store beside a 4-byte fallback path was merged by
+// ptxas into four 4-byte stores on both paths.
+__device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // ---- shared memory through 32-bit shared-window addresses (pointers that travel through
 // structs lose their address space and become slower generic accesses) ----------------------
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t address) {

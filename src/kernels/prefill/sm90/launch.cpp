@@ -13,8 +13,8 @@ PrefillLaunchStatus run_prefill(const PrefillViews& views, cudaStream_t stream) 
   p.head_group = static_cast<int>(views.q.size(1) / views.k.size(1));
   p.total_q = static_cast<int>(views.q.size(0));
   p.total_k = static_cast<int>(views.k.size(0));
-  p.num_slots = p.total_q / kTileRows + p.batch;
-  p.total_tiles = static_cast<int64_t>(p.num_slots) * p.num_heads;
+  p.num_slots = p.total_q / kPairRows + p.batch;
+  p.total_items = static_cast<int64_t>(p.num_slots) * p.num_heads;
   p.cu_seqlens_q = views.cu_seqlens_q.ptr<int32_t>();
   p.cu_seqlens_k = views.cu_seqlens_k.ptr<int32_t>();
   p.out = views.out.ptr<uint16_t>();

@@ -46,8 +46,8 @@ PrefillLaunchStatus launch_prefill_kernel(const PrefillViews& views, const Prefi
   constexpr int smem_bytes = PrefillKernel<Traits>::kSmemBytes;
   status.cuda_error = sm90::ensure_dynamic_smem<prefill_kernel<Traits>>(smem_bytes);
   if (status.cuda_error != cudaSuccess) return status;
-  // One CTA per SM (the shared memory allows no more), persistent over the tiles.
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(params.total_tiles, views.num_sms));
+  // One CTA per SM (the shared memory allows no more), persistent over the work items.
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(params.total_items, views.num_sms));
   prefill_kernel<Traits><<<grid, kThreads, smem_bytes, stream>>>(q_map, k_map, v_map, params);
   status.cuda_error = cudaGetLastError();
   return status;

@@ -14,12 +14,12 @@ struct PrefillParams {
   int head_group;      // H / H_kv: query heads per key/value head
   int total_q;         // q rows (rows past cu_seqlens_q[B] are never written)
   int total_k;         // k / v rows
-  // Tile slots per head: request b owns slots [cu_q[b] / kTileRows + b, cu_q[b+1] / kTileRows + b + 1),
-  // which holds its ceil(len_q / kTileRows) tiles (the rest are idle), so a CTA finds the request
-  // of a slot by a search over cu_seqlens_q alone, with no plan written by another kernel.
-  // total_q / kTileRows + B slots cover every request.
+  // Work-item slots per head: request b owns slots [cu_q[b] / kPairRows + b, cu_q[b+1] / kPairRows + b + 1),
+  // which holds its ceil(len_q / kPairRows) pairs of tiles (the rest are idle), so a CTA finds the
+  // request of a slot by a search over cu_seqlens_q alone, with no plan written by another
+  // kernel. total_q / kPairRows + B slots cover every request.
   int num_slots;
-  int64_t total_tiles;  // num_slots * H: the persistent CTAs' work items
+  int64_t total_items;  // num_slots * H: the persistent CTAs' work items
 
   // ---- inputs read directly (q, k and v go through their TMA descriptors)
   const int32_t* cu_seqlens_q;  // [B + 1], on the device

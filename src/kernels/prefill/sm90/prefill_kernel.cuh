@@ -1,10 +1,11 @@
 // The SM90 MLA prefill kernel: ragged multi-head attention with d_qk = 192, d_v = 128, causal
 // (bottom-right aligned) or not, BF16 or FP8 e4m3 tensor-core math.
 //
-// Persistent CTAs walk the tiles (kTileRows query tokens of one head of one request) in a fixed
-// order (work_item: rounds of one item per CTA, alternating direction): heads outermost, so
-// the CTAs running at once share one head's keys and values in L2; inside a head, slots from the last down, so each request's tiles with the most keys under the
-// causal mask come first and the short ones fill the tail (params.h says what a slot is).
+// Persistent CTAs walk the work items in a fixed order (work_item: rounds of one item per CTA,
+// alternating direction). An item is a pair of tiles (kTileRows query tokens of one head of one
+// request), tile i and tile T - 1 - i of the request's T, whose causal costs add up to the same
+// for every i (config.h). Heads outermost, so the CTAs running at once share one head's keys and
+// values in L2; inside a head, slots from the last down (params.h says what a slot is).
 //
 //   warpgroup 0 (producer)   finds each tile's request (a warp-wide search over cu_seqlens_q),
 //                            hands it to the consumers in shared memory with the query tile,
@@ -18,7 +19,9 @@
 //                            2, O += P·V (P from registers). They take turns issuing their GEMMs
 //                            (a named-barrier ping-pong), so one consumer's softmax runs while
 //                            the tensor cores work for the other; and each issues S(j) together
-//                            with P·V(j-1), so its own softmax of block j overlaps its P·V(j-1).
+//                            with P·V(j-1), so its own softmax of block j overlaps its P·V(j-1),
+//                            and S(0) of its next tile right behind the last P·V of this one, so
+//                            that the tile's epilogue overlaps tensor-core work too.
 //
 // Rows of a tile past the request's queries (and key rows past its keys) are whatever the
 // tensors hold there or TMA's zeros past the tensor: scores of such keys are masked, such query
@@ -183,22 +186,23 @@ struct PrefillKernel {
   // Tiles
   // ---------------------------------------------------------------------------------------
 
-  // The tile of work item `linear`, or false for an idle slot. Called by a whole warp: the
+  // The request and head of work item `linear` (all of `t` but m0 and num_blocks); returns the
+  // item's pair index within the request, or -1 for an idle slot. Called by a whole warp: the
   // request is found by a 32-way search over cu_seqlens_q (two rounds up to 1024 requests).
-  static __device__ bool find_tile(const PrefillParams& p, int64_t linear, TileInfo& t) {
+  static __device__ int find_item(const PrefillParams& p, int64_t linear, TileInfo& t) {
     const int lane = threadIdx.x % 32;
     const int head = static_cast<int>(linear / p.num_slots);
     const int slot = p.num_slots - 1 - static_cast<int>(linear % p.num_slots);
-    // The request is the last b whose first slot, cu_q[b] / kTileRows + b, is <= slot: that
+    // The request is the last b whose first slot, cu_q[b] / kPairRows + b, is <= slot: that
     // function of b increases strictly for valid cu_seqlens, and the search needs only that it
     // is monotone to end in [0, B) (invalid values give a wrong request, never a wild access).
     int lo = 0, hi = p.batch - 1;
     while (true) {
       const int step = (hi - lo + 32) / 32;  // ceil((hi - lo + 1) / 32)
       const int b = lo + lane * step;
-      const bool at_or_below = b <= hi && __ldg(p.cu_seqlens_q + b) / kTileRows + b <= slot;
+      const bool at_or_below = b <= hi && __ldg(p.cu_seqlens_q + b) / kPairRows + b <= slot;
       const uint32_t ballot = __ballot_sync(0xffffffffu, at_or_below);
-      if (ballot == 0) return false;  // cu_seqlens_q[0] > 0: no request
+      if (ballot == 0) return -1;  // cu_seqlens_q[0] > 0: no request
       const int last = 31 - __clz(ballot);
       if (step == 1) {
         lo += last;
@@ -208,7 +212,7 @@ struct PrefillKernel {
       hi = min(hi, lo + step - 1);
     }
     const int b = lo;
-    const int slot_begin = __ldg(p.cu_seqlens_q + b) / kTileRows + b;  // <= slot (the search's condition)
+    const int slot_begin = __ldg(p.cu_seqlens_q + b) / kPairRows + b;  // <= slot (the search's condition)
     int q_begin = __ldg(p.cu_seqlens_q + b), q_end = __ldg(p.cu_seqlens_q + b + 1);
     int k_begin = __ldg(p.cu_seqlens_k + b), k_end = __ldg(p.cu_seqlens_k + b + 1);
     // Ends clamped before subtracting: an end near INT_MIN must give an empty request, not a
@@ -222,27 +226,29 @@ struct PrefillKernel {
     t.len_q = q_end - q_begin;
     t.k_begin = k_begin;
     t.len_k = k_end - k_begin;
-    // In 64 bits: with a garbage cu_seqlens_q the slot can lie ~2^24 tiles past its request's first.
-    const int64_t m0 = (static_cast<int64_t>(slot) - slot_begin) * kTileRows;
-    if (m0 >= t.len_q) return false;
-    t.m0 = static_cast<int>(m0);
+    // In 64 bits: with a garbage cu_seqlens_q the slot can lie ~2^23 items past its request's first.
+    const int64_t item = static_cast<int64_t>(slot) - slot_begin;
+    return item * kPairRows < t.len_q ? static_cast<int>(item) : -1;
+  }
+
+  // Points `t` at tile `tile` (kTileRows queries from tile * kTileRows) of its request.
+  static __device__ void set_tile(const PrefillParams& p, TileInfo& t, int tile) {
+    t.m0 = tile * kTileRows;
     int visible = t.len_k;
     if (p.causal) {
       const int last_query = t.m0 + min(kTileRows, t.len_q - t.m0) - 1;
       visible = min(visible, max(t.len_k - t.len_q + last_query + 1, 0));  // no int overflow
     }
     t.num_blocks = (visible + kBlockKeys - 1) / kBlockKeys;
-    return true;
   }
 
   // This CTA's work item in round `round` of the persistent loop. Rounds alternate direction
-  // (CTA c takes item c of even rounds and item G - 1 - c of odd ones): the items' costs fall
-  // along each request's slots (causal), so a CTA that drew heavy tiles in one round draws light
-  // ones in the next. Plain striding gave every CTA the same slot of each head when a head's
-  // slots are a multiple of the grid, and the heaviest CTA twice the mean (4 x 4K, H = 128).
-  static __device__ int64_t work_item(int64_t round) {
-    const int64_t in_round = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-    return round * gridDim.x + in_round;
+  // (CTA c takes item c of even rounds and item G - 1 - c of odd ones): one request's items cost
+  // alike, but requests of different lengths do not, and a CTA that drew a long request's item in
+  // one round tends to draw a shorter one in the next.
+  static __device__ int64_t work_item(int round) {
+    const unsigned in_round = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+    return static_cast<int64_t>(round) * gridDim.x + in_round;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -280,7 +286,10 @@ struct PrefillKernel {
   static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
     const int stage = at.stage();
     if constexpr (kFp8) {
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      // Lane addresses are rebuilt per block (sm90::thread_index_here): held across the producer's
+      // loops they left it short of registers.
+      const uint32_t tid = sm90::thread_index_here();
+      const int warp = static_cast<int>(tid / 32), lane = static_cast<int>(tid % 32);
       sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
       sm90::mbarrier_wait(&s.v_free[stage], at.free_parity());  // the P·V that read this V^T stage
       const uint32_t src = sm90::smem_u32(s.v[stage]), vt = sm90::smem_u32(s.vt[stage]);
@@ -316,31 +325,39 @@ struct PrefillKernel {
     const bool issuer = threadIdx.x == 0;
     sm90::PipelineState<kStages> blocks;
     uint32_t tiles = 0;
-    for (int64_t round = 0; round * gridDim.x < p.total_tiles; ++round) {
+    // At most 2^23 + B slots of 128 heads: the rounds fit an int.
+    for (int round = 0; static_cast<int64_t>(round) * gridDim.x < p.total_items; ++round) {
       const int64_t linear = work_item(round);
+      if (linear >= p.total_items) continue;
       TileInfo t;
-      if (linear >= p.total_tiles || !find_tile(p, linear, t)) continue;
+      const int pair = find_item(p, linear, t);
+      if (pair < 0) continue;
       const int kv_head = t.head / p.head_group;
-      if (issuer) {
-        if (tiles > 0) sm90::mbarrier_wait(&s.q_free, (tiles - 1) & 1);
-        s.tile = t;  // published by the arrive below (release), read after the consumers' wait
-        sm90::mbarrier_arrive_expect_tx(&s.q_full, kQBytes);
+      // The pair's heavier tile first; the middle tile of an odd count is a pair on its own.
+      const int heavy = (t.len_q + kTileRows - 1) / kTileRows - 1 - pair;
+      for (int k = 0; k < (heavy > pair ? 2 : 1); ++k) {
+        set_tile(p, t, k == 0 ? heavy : pair);
+        if (issuer) {
+          if (tiles > 0) sm90::mbarrier_wait(&s.q_free, (tiles - 1) & 1);
+          s.tile = t;  // published by the arrive below (release), read after the consumers' wait
+          sm90::mbarrier_arrive_expect_tx(&s.q_full, kQBytes);
 #pragma unroll
-        for (int c = 0; c < kQkChunks; ++c)
-          sm90::tma_load_3d(s.q + c * kChunkBytes, q_map, &s.q_full, c * kChunkDims, t.head, t.q_begin + t.m0);
+          for (int c = 0; c < kQkChunks; ++c)
+            sm90::tma_load_3d(s.q + c * kChunkBytes, q_map, &s.q_full, c * kChunkDims, t.head, t.q_begin + t.m0);
+        }
+        ++tiles;
+        // Block j's loads go out before block j - 1 is made ready, so that the transposes of one
+        // block overlap the next one's transfer.
+        for (int j = 0; j < t.num_blocks; ++j) {
+          const sm90::PipelineState<kStages> at{blocks.count + j};
+          if (issuer) load_block(k_map, v_map, s, at, kv_head, t.k_begin + j * kBlockKeys);
+          if (j > 0) prepare_values(s, sm90::PipelineState<kStages>{at.count - 1}, t.len_k - (j - 1) * kBlockKeys);
+        }
+        if (t.num_blocks > 0)
+          prepare_values(s, sm90::PipelineState<kStages>{blocks.count + t.num_blocks - 1},
+                         t.len_k - (t.num_blocks - 1) * kBlockKeys);
+        blocks.advance(t.num_blocks);
       }
-      ++tiles;
-      // Block j's loads go out before block j - 1 is made ready, so that the transposes of one
-      // block overlap the next one's transfer.
-      for (int j = 0; j < t.num_blocks; ++j) {
-        const sm90::PipelineState<kStages> at{blocks.count + j};
-        if (issuer) load_block(k_map, v_map, s, at, kv_head, t.k_begin + j * kBlockKeys);
-        if (j > 0) prepare_values(s, sm90::PipelineState<kStages>{at.count - 1}, t.len_k - (j - 1) * kBlockKeys);
-      }
-      if (t.num_blocks > 0)
-        prepare_values(s, sm90::PipelineState<kStages>{blocks.count + t.num_blocks - 1},
-                       t.len_k - (t.num_blocks - 1) * kBlockKeys);
-      blocks.advance(t.num_blocks);
     }
     if (issuer) {
       if (tiles > 0) sm90::mbarrier_wait(&s.q_free, (tiles - 1) & 1);
@@ -353,12 +370,12 @@ struct PrefillKernel {
   // Consumers
   // ---------------------------------------------------------------------------------------
 
-  // S = Q·K^T of this consumer's 64 rows against the block in K stage `stage`: one wgmma group,
-  // each step's descriptors one 32-bit add away from the base ones.
-  static __device__ void issue_scores(SharedStorage& s, int stage, int me, float (&scores)[kScoreRegs]) {
+  // S = Q·K^T of this consumer's 64 rows against the key block at `keys` (a K stage): one wgmma
+  // group, each step's descriptors one 32-bit add away from the base ones.
+  static __device__ void issue_scores(SharedStorage& s, const uint8_t* keys, int me, float (&scores)[kScoreRegs]) {
     const uint64_t q_desc =
         sm90::make_smem_desc(s.q + me * kConsumerRows * kRowBytes, 16, kRowGroupBytes, Traits::kSwizzle);
-    const uint64_t k_desc = sm90::make_smem_desc(s.k[stage], 16, kRowGroupBytes, Traits::kSwizzle);
+    const uint64_t k_desc = sm90::make_smem_desc(keys, 16, kRowGroupBytes, Traits::kSwizzle);
     sm90::wgmma_fence();
 #pragma unroll
     for (int c = 0; c < kQkChunks; ++c)
@@ -371,9 +388,10 @@ struct PrefillKernel {
     sm90::wgmma_commit();
   }
 
-  // O += P·V of the block in value stage `stage`.
+  // O (+)= P·V of the block in value stage `stage`; the tile's first P·V (accumulate false)
+  // overwrites O, so the accumulators need no zeroing between tiles.
   static __device__ void issue_values(SharedStorage& s, int stage, const uint32_t (&probs)[kProbRegs],
-                                      float (&acc)[kAccRegs]) {
+                                      float (&acc)[kAccRegs], bool accumulate) {
     sm90::wgmma_fence();
     if constexpr (kFp8) {
       const uint64_t desc =
@@ -381,7 +399,7 @@ struct PrefillKernel {
 #pragma unroll
       for (int step = 0; step < kValueSteps; ++step)
         sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step], sm90::desc_advance(desc, 2 * step * kVtCoreStride),
-                                                acc, true);
+                                                acc, accumulate || step > 0);
     } else {
       // MN-major V: N runs along the 64-dim chunks (leading offset: one chunk), K along tokens
       // (stride offset: 8 rows).
@@ -389,7 +407,8 @@ struct PrefillKernel {
 #pragma unroll
       for (int step = 0; step < kValueSteps; ++step)
         sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step],
-                                                sm90::desc_advance(desc, step * Traits::kMmaK * kRowBytes), acc, true);
+                                                sm90::desc_advance(desc, step * Traits::kMmaK * kRowBytes), acc,
+                                                accumulate || step > 0);
     }
     sm90::wgmma_commit();
   }
@@ -436,6 +455,35 @@ struct PrefillKernel {
     if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(bar);
   }
 
+  // Waits for the consumers' `tiles`-th tile record (num_blocks -1: no tile is left) and copies
+  // it: the producer rewrites it only after both consumers' last score GEMM of the tile.
+  static __device__ TileInfo next_tile(SharedStorage& s, uint32_t tiles) {
+    sm90::mbarrier_wait(&s.q_full, tiles & 1);
+    return s.tile;
+  }
+
+  // Issues S(0) of tile `t`, whose first key block is pipeline position `at`, in this consumer's
+  // turn, then retires every older wgmma group (the last P·V of the tile before) while S(0) runs
+  // on. A tile without keys, and the end, get the same GEMM over the query tile alone, outside
+  // the turns, its scores unused: with a wgmma group issued on one path of a branch and not the
+  // other, ptxas serialised every wgmma of the kernel. The consumers release the query tile only
+  // once that group has retired, so nothing overwrites it meanwhile.
+  static __device__ void start_tile(SharedStorage& s, const TileInfo& t, sm90::PipelineState<kStages> at, int me,
+                                    float (&scores)[kScoreRegs]) {
+    const bool keys = t.num_blocks > 0;
+    if (keys) {
+      sm90::mbarrier_wait(&s.k_full[at.stage()], at.full_parity());
+      sm90::named_barrier_sync(kBarTurn0 + me, kTurnThreads);
+    }
+    issue_scores(s, keys ? s.k[at.stage()] : s.q, me, scores);
+    if (keys) sm90::named_barrier_arrive(kBarTurn0 + (1 - me), kTurnThreads);
+    sm90::wgmma_wait<1>();
+  }
+
+  // Each consumer runs one chain of GEMMs across its tiles: S(0) of the next tile is issued
+  // right behind the last P·V of the current one, so the tensor cores work on it while this
+  // consumer writes the current tile out (store_tile) — at 1K-token requests the epilogue and
+  // the first block's lone S GEMM were a third of the consumers' time.
   static __device__ void consumer(const PrefillParams& p, SharedStorage& s, int me) {
     using Softmax = attention::OnlineSoftmax<Traits::kSoftmax>;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -458,10 +506,12 @@ struct PrefillKernel {
       sm90::fence_registers(probs);
     };
 
-    for (uint32_t tiles = 0;; ++tiles) {
-      sm90::mbarrier_wait(&s.q_full, tiles & 1);
-      const TileInfo t = s.tile;
-      if (t.num_blocks < 0) break;
+    // One place issues every tile's S(0) (start_tile, below): with more, ptxas joined their score
+    // registers with moves and serialised every wgmma of the kernel.
+    uint32_t tiles = 0;
+    TileInfo t;
+    t.num_blocks = -1;  // no tile before the first
+    while (true) {
       // This thread's rows (within the request) and the keys each may see.
       int row[2], limit[2];
 #pragma unroll
@@ -471,17 +521,15 @@ struct PrefillKernel {
       }
       softmax.reset();
       float factor[2];
-      attention::zero(acc);
       const int n = t.num_blocks;
+      const sm90::PipelineState<kStages> last{blocks.count + max(n, 1) - 1};  // the tile's last block
       if (n == 0) {
+        retire_all();  // the stand-in S(0) of start_tile reads the query tile
         sm90::mbarrier_arrive(&s.q_free);
-      } else {
-        // Block 0: scores and softmax only.
+      }
+      if (n > 0) {
+        // Block 0: its S (issued by start_tile), softmax only.
         int stage = blocks.stage();
-        sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
-        sm90::named_barrier_sync(my_turn, kTurnThreads);
-        issue_scores(s, stage, me, scores);
-        sm90::named_barrier_arrive(their_turn, kTurnThreads);
         retire_all();
         release(&s.k_free[stage]);
         if (n == 1) sm90::mbarrier_arrive(&s.q_free);
@@ -494,10 +542,10 @@ struct PrefillKernel {
           stage = blocks.stage();
           sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
           sm90::named_barrier_sync(my_turn, kTurnThreads);
-          issue_scores(s, stage, me, scores);
-          attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
+          issue_scores(s, s.k[stage], me, scores);
+          if (j > 1) attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
           wait_values(s, previous, j - 1, t.len_k, tail_phases);
-          issue_values(s, previous.stage(), probs, acc);
+          issue_values(s, previous.stage(), probs, acc, j > 1);
           sm90::named_barrier_arrive(their_turn, kTurnThreads);
           // S(j) is the older group in flight: wait for it alone; P·V(j - 1) runs on while
           // the softmax of block j does.
@@ -511,16 +559,21 @@ struct PrefillKernel {
           release(&s.v_free[previous.stage()]);
           attention::pack_probabilities<kFp8>(scores, probs);
         }
-        attention::scale_rows<false>(acc, factor[0], factor[1]);
-        stage = blocks.stage();
-        wait_values(s, blocks, n - 1, t.len_k, tail_phases);
-        issue_values(s, stage, probs, acc);
-        retire_all();
-        release(&s.v_free[stage]);
+        if (n > 1) attention::scale_rows<false>(acc, factor[0], factor[1]);
+        wait_values(s, last, n - 1, t.len_k, tail_phases);
+        issue_values(s, last.stage(), probs, acc, n > 1);
         blocks.advance();
       }
-      store_tile(p, s, me, t, row, softmax, acc);
+      const TileInfo next = next_tile(s, tiles++);
+      start_tile(s, next, blocks, me, scores);  // and retires the last P·V
+      sm90::fence_registers(acc);
+      sm90::fence_registers(probs);
+      if (n > 0) release(&s.v_free[last.stage()]);
+      if (n >= 0) store_tile(p, s, me, t, row, softmax, acc);
+      if (next.num_blocks < 0) break;
+      t = next;
     }
+    retire_all();  // start_tile's stand-in S(0) for the end
     if (me == 0) sm90::named_barrier_sync(my_turn, kTurnThreads);
   }
 
@@ -563,23 +616,27 @@ struct PrefillKernel {
         sm90::stmatrix_x4(stage + swizzled(8 * (lane / 8 % 2) + lane % 8, 2 * m + lane / 16), v);
       }
       __syncwarp();
+      // All four pieces are read before the first store, so the stores do not each wait for
+      // their own shared-memory load.
+      uint4 pieces[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) pieces[k] = sm90::ld_shared_v4(stage + swizzled(4 * k + lane / 8, lane % 8));
+      __syncwarp();  // the next half overwrites the buffer
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const int r = 4 * k + lane / 8, chunk = lane % 8;
-        const uint4 piece = sm90::ld_shared_v4(stage + swizzled(r, chunk));
+        const int r = 4 * k + lane / 8;
         if (first_row + r < t.len_q)
           store_out_piece(p.out + (t.q_begin + first_row + r) * p.out_stride_token +
-                              static_cast<int64_t>(t.head) * p.out_stride_head + 64 * half + 8 * chunk,
-                          piece, p.out_aligned16);
+                              static_cast<int64_t>(t.head) * p.out_stride_head + 64 * half + 8 * (lane % 8),
+                          pieces[k], p.out_aligned16);
       }
-      __syncwarp();  // the next half overwrites the buffer
     }
   }
 
   // 16 bytes of output; `aligned`: the address is 16-byte aligned (else 4-byte, as validated).
   static __device__ void store_out_piece(uint16_t* dst, uint4 v, bool aligned) {
     if (aligned) {
-      *reinterpret_cast<uint4*>(dst) = v;
+      sm90::st_global_v4(dst, v);
     } else {
       uint32_t* words = reinterpret_cast<uint32_t*>(dst);
       words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
