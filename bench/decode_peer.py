@@ -74,7 +74,7 @@ def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
     seq_lens = torch.full((batch,), s_k, dtype=torch.int32, device="cuda")
     q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
     q8 = q.to(FP8)
-    cache64 = pool.bf16.view(pool.pages, 1, PAGE, ROW)  # FlashMLA's [pages, page, kv heads, 576]
+    cache64 = pool.bf16.view(pool.pages, PAGE, 1, ROW)  # FlashMLA's [pages, page, kv heads, 576]
     cache32 = pool.bf16.view(2 * pool.pages, PAGE // 2, ROW)
     out = torch.empty((batch, q_len, heads, LATENT), dtype=torch.bfloat16, device="cuda")
     lse = torch.empty((batch, q_len, heads), dtype=torch.float32, device="cuda")
@@ -105,7 +105,7 @@ def check(pool, generator):
     seq_lens = torch.tensor([1000, 2, 640, 999], dtype=torch.int32, device="cuda")  # >= q_len: every row sees a key
     q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
     meta, splits = flash_mla.get_mla_metadata()
-    theirs, their_lse = flash_mla.flash_mla_with_kvcache(q, pool.bf16.view(pool.pages, 1, PAGE, ROW), table,
+    theirs, their_lse = flash_mla.flash_mla_with_kvcache(q, pool.bf16.view(pool.pages, PAGE, 1, ROW), table,
                                                          seq_lens, LATENT, meta, splits, softmax_scale=SCALE,
                                                          causal=True)
     ours, our_lse = speedmla.mla_decode(q, pool.bf16, table, seq_lens, softmax_scale=SCALE, return_lse=True)
