@@ -76,8 +76,8 @@ def main() -> None:
               f"({per_call - base:+.3f} us over C++)")
         return
 
-    # tvm_ffi sets this when it can use PyTorch's C DLPack exchange API (and
-    # TVM_FFI_DISABLE_TORCH_C_DLPACK is not 1); otherwise each tensor goes through __dlpack__.
+    # Set by PyTorch itself (2.11 does) or by tvm_ffi's addon (which
+    # TVM_FFI_DISABLE_TORCH_C_DLPACK=1 keeps from loading); otherwise each tensor goes through __dlpack__.
     fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
     print("tensor conversion: " + ("PyTorch's C DLPack exchange API" if fast else "Python __dlpack__ per tensor"))
     for dtype in (torch.float8_e4m3fn, torch.bfloat16):
