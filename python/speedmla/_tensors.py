@@ -70,10 +70,21 @@ def is_cuda(x: Any) -> bool:
     return x.device.dlpack_device_type() != 1  # tvm_ffi.Tensor; kDLCPU is 1
 
 
+# Types arg() passes through whatever the array holds (all but NumPy's), learnt as they come:
+# one set lookup per array on the hot path instead of two calls.
+_PASS_THROUGH: set[type] = {type(None)}
+
+
 def arg(x: Any) -> Any:
     """`x` as the compiled module takes it: a NumPy bit array becomes a bfloat16 or float8
     view of the same memory; everything else passes through (tvm_ffi reads DLPack)."""
-    if x is not None and is_numpy(x) and x.dtype.char in _FROM_NUMPY_CHAR:
+    cls = type(x)
+    if cls in _PASS_THROUGH:
+        return x
+    if _framework(cls) != "numpy":
+        _PASS_THROUGH.add(cls)
+        return x
+    if x.dtype.char in _FROM_NUMPY_CHAR:
         return lib().view_as_dtype(x, _FROM_NUMPY_CHAR[x.dtype.char])
     return x
 
