@@ -101,6 +101,11 @@ void ArgChecker::finite(float value, const char* name) const {
 
 std::ostream& operator<<(std::ostream& os, ShapeOf shape) { return os << shape.t.shape_string(); }
 std::ostream& operator<<(std::ostream& os, DeviceOf device) { return os << device_name(device.device); }
+std::ostream& operator<<(std::ostream& os, CallArguments arguments) {
+  const char* separator = "";
+  for (const int64_t v : arguments.values) os << std::exchange(separator, ", ") << v;
+  return os;
+}
 
 ByteRange byte_range(const TensorView& t) {
   if (t.numel() == 0) return {};

@@ -38,6 +38,12 @@ struct DeviceOf {
 };
 inline DeviceOf device_of(Device device) { return {device}; }
 std::ostream& operator<<(std::ostream& os, DeviceOf device);  // "cpu", "cuda:1"
+// The arguments of a call, "1, 16, 1, 132" (built in the same full expression as the require()
+// that prints it, which its initializer list outlives).
+struct CallArguments {
+  std::initializer_list<int64_t> values;
+};
+std::ostream& operator<<(std::ostream& os, CallArguments arguments);
 
 // The checker for one call: carries the function name into every message.
 class ArgChecker {

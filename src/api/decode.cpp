@@ -132,12 +132,16 @@ int64_t planned_blocks(int64_t tokens, int64_t split_blocks) {
   return split_blocks > 0 ? (blocks + split_blocks - 1) / split_blocks * split_blocks : blocks;
 }
 
-void check_workspace_size_args(const detail::ArgChecker& check, int64_t batch, int64_t num_heads, int64_t q_len,
-                               int num_sms) {
-  check.require(batch >= 1, "batch must be >= 1, got ", batch);
+void check_heads_and_q_len(const detail::ArgChecker& check, int64_t num_heads, int64_t q_len) {
   check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
                 "], got ", num_heads);
   check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
+}
+
+void check_workspace_size_args(const detail::ArgChecker& check, int64_t batch, int64_t num_heads, int64_t q_len,
+                               int num_sms) {
+  check.require(batch >= 1, "batch must be >= 1, got ", batch);
+  check_heads_and_q_len(check, num_heads, q_len);
   check.require(num_sms >= 1, "num_sms must be >= 1, got ", num_sms);
 }
 
@@ -180,6 +184,25 @@ int device_sm_count(int device) {
 }
 
 namespace detail {
+namespace {
+
+// The workspace of a GPU call (already checked to be on the call's device): present,
+// contiguous, 256-byte aligned and at least `needed` bytes, which mla_decode_workspace_size
+// returns for `size_call`.
+const TensorView& require_workspace(const ArgChecker& check, const std::optional<TensorView>& workspace,
+                                    size_t needed, CallArguments size_call) {
+  check.require(workspace.has_value(), "workspace is required for CUDA tensors (", needed,
+                " bytes: mla_decode_workspace_size)");
+  const TensorView& ws = *workspace;
+  check.contiguous(ws, "workspace");
+  check.require(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0, "workspace must be 256-byte aligned");
+  const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
+  check.require(ws_bytes >= needed, "workspace must hold at least ", needed, " bytes (mla_decode_workspace_size(",
+                size_call, ")), got ", ws_bytes);
+  return ws;
+}
+
+}  // namespace
 
 DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const TensorView& kv_cache,
                             const TensorView& block_table, const TensorView& seq_lens, const TensorView& out,
@@ -222,16 +245,8 @@ DecodeShape validate_decode(const ArgChecker& check, const TensorView& q, const 
 
   shape.num_sms = device_sm_count(q.device.index);
   const dk::WorkspaceLayout layout = dk::workspace_layout(shape.batch, shape.heads, shape.q_len, shape.num_sms);
-  check.require(workspace.has_value(), "workspace is required for CUDA tensors (",
-                layout.total_bytes, " bytes: mla_decode_workspace_size)");
-  const TensorView& ws = *workspace;
-  check.same_device(ws, "workspace", q.device);
-  check.contiguous(ws, "workspace");
-  check.require(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0, "workspace must be 256-byte aligned");
-  const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
-  check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
-                " bytes (mla_decode_workspace_size(", shape.batch, ", ", shape.heads, ", ", shape.q_len, ", ",
-                shape.num_sms, ")), got ", ws_bytes);
+  const TensorView& ws = require_workspace(check, workspace, layout.total_bytes,
+                                           {{shape.batch, shape.heads, shape.q_len, shape.num_sms}});
   for (const auto& [other, name] :
        {std::pair{&q, "q"}, std::pair{&kv_cache, "kv_cache"}, std::pair{&block_table, "block_table"},
         std::pair{&seq_lens, "seq_lens"}, std::pair{&out, "out"}})
@@ -349,9 +364,7 @@ DecodePlan mla_decode_plan(const TensorView& seq_lens, const TensorView& block_t
   check.dtype(block_table, "block_table", {DType::kInt32});
   check.dim(block_table, "block_table", 0, batch);
   check.same_device(block_table, "block_table", seq_lens.device);
-  check.require(num_heads >= 1 && num_heads <= kMaxDecodeHeads, "num_heads must be in [1, ", kMaxDecodeHeads,
-                "], got ", num_heads);
-  check.require(q_len >= 1 && q_len <= kMaxQLen, "q_len must be in [1, ", kMaxQLen, "], got ", q_len);
+  check_heads_and_q_len(check, num_heads, q_len);
   check.require(dtype == DType::kFloat8E4M3 || dtype == DType::kBFloat16,
                 "dtype must be float8_e4m3fn or bfloat16 (the dtype of q and kv_cache), got ", dtype_name(dtype));
   check.require(page_size >= 1, "page_size must be >= 1, got ", page_size);
@@ -388,15 +401,9 @@ DecodePlan mla_decode_plan(const TensorView& seq_lens, const TensorView& block_t
   plan.num_sms = device_sm_count(seq_lens.device.index);
   const dk::WorkspaceLayout layout =
       dk::workspace_layout(batch, num_heads, q_len, plan.num_sms, split_blocks, blocks);
-  check.require(workspace.has_value(), "workspace is required for CUDA tensors (", layout.total_bytes,
-                " bytes: mla_decode_workspace_size)");
-  const TensorView& ws = *workspace;
-  check.contiguous(ws, "workspace");
-  check.require(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0, "workspace must be 256-byte aligned");
-  const size_t ws_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
-  check.require(ws_bytes >= layout.total_bytes, "workspace must hold at least ", layout.total_bytes,
-                " bytes (mla_decode_workspace_size(", batch, ", ", num_heads, ", ", q_len, ", ", plan.num_sms, ", ",
-                max_tokens, ", ", invariant_split_tokens, ")), got ", ws_bytes);
+  const TensorView& ws = detail::require_workspace(
+      check, workspace, layout.total_bytes,
+      {{batch, num_heads, q_len, plan.num_sms, max_tokens, invariant_split_tokens}});
   check.disjoint(ws, "workspace", seq_lens, "seq_lens");
   check.disjoint(ws, "workspace", block_table, "block_table");
 

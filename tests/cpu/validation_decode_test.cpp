@@ -11,8 +11,10 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 
+#include "api/check.h"
 #include "common/op_testing.h"
 #include "common/util.h"
 #include "speedmla/decode.h"
@@ -91,6 +93,24 @@ testing::AssertionResult workspace_size_refused(int64_t batch, int64_t heads, in
 }
 
 // ---- the positive case ----
+
+// The workspace error of a GPU call names the mla_decode_workspace_size call that sizes it, its
+// arguments spelled out only when the check fails (detail::CallArguments).
+TEST(DecodeValidationMessages, WorkspaceSizeCallArgumentsAreSpelledOutOnFailure) {
+  const speedmla::detail::ArgChecker check("mla_decode");
+  EXPECT_NO_THROW(check.require(true, "unused ", speedmla::detail::CallArguments{{1, 16}}));
+  try {
+    check.require(false, "workspace must hold at least 4096 bytes (mla_decode_workspace_size(",
+                  speedmla::detail::CallArguments{{1, 16, 1, 132}}, ")), got 0");
+    FAIL() << "require(false, ...) did not throw";
+  } catch (const speedmla::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(mla_decode_workspace_size(1, 16, 1, 132)), got 0"), std::string::npos)
+        << e.what();
+  }
+  std::ostringstream empty;
+  empty << speedmla::detail::CallArguments{{}};
+  EXPECT_EQ(empty.str(), "");
+}
 
 TEST_F(DecodeValidation, ValidCpuCallWritesEveryOutputElement) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat8E4M3}) {
