@@ -29,8 +29,13 @@ constexpr int kCombineThreads = 32 * kWarpsPerRow * kCombineRows;
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
-// Pieces whose partial loads are issued before their weights are known.
+// Pieces whose partial loads are issued before their weights are known (combine_row):
+// 8 in general; 16 where requests are cut into many pieces (a small batch on a long context,
+// B = 4: ~33 pieces a row), so that a row costs three memory round trips after its plan instead
+// of five. 16 take 128 registers a thread, two CTAs an SM: where rows have few pieces (large
+// batches) the combine is bound by bandwidth over many rows and wants the occupancy of 8.
 constexpr int kPiecesAhead = 8;
+constexpr int kManyPiecesAhead = 16;
 
 __device__ __forceinline__ void accumulate(float4& acc, float w, const float4& x) {
   // An empty piece weighs 0 and its partial may hold anything: it is skipped, not multiplied
@@ -44,9 +49,10 @@ __device__ __forceinline__ void accumulate(float4& acc, float w, const float4& x
 }
 
 // Combines one row's 128 columns (this warp's) of one split request. At small batch an SM
-// holds few such warps and each waits on memory, so the first kPiecesAhead partials are
+// holds few such warps and each waits on memory, so the first kAhead partials are
 // loaded together with the pieces' LSE (one per lane, kept for the weights): one memory round
 // trip before the first accumulation, where loading the partials after the weights took three.
+template <int kAhead>
 __device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int piece_units, int request,
                             int row, int column, int lane) {
   const int num_splits = request_num_splits(plan, piece_units);
@@ -55,9 +61,10 @@ __device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int 
       p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
   const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
 
-  float4 ahead[kPiecesAhead];
+  static_assert(kAhead <= 32, "the pieces loaded ahead are the first round's");
+  float4 ahead[kAhead];
 #pragma unroll
-  for (int k = 0; k < kPiecesAhead; ++k)
+  for (int k = 0; k < kAhead; ++k)
     if (k < num_splits) ahead[k] = src[k * split_stride];
   const float first_lse = lane < num_splits ? lse[static_cast<int64_t>(lane) * p.num_rows] : -INFINITY;
 
@@ -79,7 +86,7 @@ __device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int 
     int k = 0;
     if (first == 0) {
 #pragma unroll
-      for (; k < kPiecesAhead; ++k) {
+      for (; k < kAhead; ++k) {
         const float w = __shfl_sync(0xffffffffu, my_weight, k);
         if (k < count) accumulate(acc, w, ahead[k]);
       }
@@ -104,6 +111,7 @@ __device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int 
         sum > 0.f ? max_lse + logf(sum) : max_lse;
 }
 
+template <int kAhead>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
   sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -120,7 +128,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
     const bool split = mine < p.batch && p.plans[mine].split_slot >= 0;
     for (uint32_t pending = __ballot_sync(0xffffffffu, split); pending != 0; pending &= pending - 1) {
       const int request = first + (__ffs(pending) - 1) * columns;
-      combine_row(p, p.plans[request], piece_units, request, row, column, lane);
+      combine_row<kAhead>(p, p.plans[request], piece_units, request, row, column, lane);
     }
   }
 }
@@ -130,7 +138,11 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
   const int columns = params.batch < params.num_parts - 1 ? params.batch : params.num_parts - 1;
   const dim3 grid((params.num_rows + kCombineRows - 1) / kCombineRows, columns > 1 ? columns : 1);
-  sm90::launch_dependent(decode_combine_kernel, grid, dim3(kCombineThreads), 0, stream, params);
+  // In the balanced policy a split request has about num_parts / batch pieces (the plan is made
+  // on the GPU; the batch-invariant one may cut more, which only makes either choice correct).
+  const bool many_pieces = params.num_parts >= 8 * params.batch;
+  sm90::launch_dependent(many_pieces ? decode_combine_kernel<kManyPiecesAhead> : decode_combine_kernel<kPiecesAhead>,
+                         grid, dim3(kCombineThreads), 0, stream, params);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

@@ -509,7 +509,7 @@ struct PrefillKernel {
     // One place issues every tile's S(0) (start_tile, below): with more, ptxas joined their score
     // registers with moves and serialised every wgmma of the kernel.
     uint32_t tiles = 0;
-    TileInfo t;
+    TileInfo t{};
     t.num_blocks = -1;  // no tile before the first
     while (true) {
       // This thread's rows (within the request) and the keys each may see.
