@@ -154,6 +154,38 @@ TEST_P(DecodeGpu, InvalidSeqLenGivesNaNNotACrash) {
   }
 }
 
+// An output view walking tokens and heads backwards (negative strides, as a flipped torch view
+// has): rows whose offset from out's data pointer is negative must be written too. Short
+// requests go out from the main kernel, a long one through the combine.
+TEST_P(DecodeGpu, OutputWithNegativeStrides) {
+  for (const int32_t len_hi : {300, 40000}) {
+    SCOPED_TRACE("longest request " + std::to_string(len_hi));
+    DecodeProblemSpec s = spec_for(dtype(), 3, 2, 3, 8, 1, len_hi, seed());
+    s.seq_lens.back() = len_hi;
+    const DecodeProblem pb = make_decode_problem(s);
+    const DecodeResult ref = run_reference(pb);
+    DeviceProblem dev(pb);
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    const int64_t T = s.q_len, H = s.heads;
+    TensorView flipped = dev.out.view();  // [B, T, H, 512]: token t, head h at dense (T-1-t, H-1-h)
+    flipped.strides[1] = -H * kLatentDim;
+    flipped.strides[2] = -kLatentDim;
+    flipped.data = static_cast<uint16_t*>(flipped.data) + ((T - 1) * H + (H - 1)) * kLatentDim;
+    mla_decode(dev.q.view(), dev.kv_cache, dev.block_table.view(), dev.seq_lens.view(), flipped, dev.lse.view(),
+               dev.workspace.view(), s.softmax_scale, s.output_scale);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const HostTensor dense = dev.out.to_host();
+    HostTensor out = dense;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          std::copy_n(dense.data<uint16_t>() + ((b * T + T - 1 - t) * H + H - 1 - h) * kLatentDim, kLatentDim,
+                      out.data<uint16_t>() + ((b * T + t) * H + h) * kLatentDim);
+    expect_matches({out, dev.lse.to_host()}, ref, s);
+  }
+}
+
 // A cache of more than 2^31 elements: the requests' pages sit past the 2^31st element.
 TEST_P(DecodeGpu, CacheBeyondTwoGigaElements) {
   // Pages of 64 come through TMA, pages of 1 through the copied-rows producer.

@@ -630,9 +630,11 @@ struct DecodeKernel {
     }
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale[2] = {inv[0] * p.output_scale, inv[1] * p.output_scale};
-    // Where the warp's row lane % 16 goes in `out` (-1: past num_rows); the stores below ask
-    // lanes 0-15 for their rows' offsets.
-    int64_t my_row_offset = -1;
+    // Where the warp's row lane % 16 goes in `out` (kNoRow: past num_rows); the stores below ask
+    // lanes 0-15 for their rows' offsets. Offsets may be negative (any of out's strides may be),
+    // so the sentinel is one no row can have: |offset| stays below 2^62 for any tensor that fits.
+    constexpr int64_t kNoRow = INT64_MIN;
+    int64_t my_row_offset = kNoRow;
     if (const int row = row_tile * kTileRows + 16 * warp + lane % 16; row < p.num_rows)
       my_row_offset = piece.request * p.out_stride_batch + (row / p.num_heads) * p.out_stride_token +
                       (row % p.num_heads) * p.out_stride_head;
@@ -660,7 +662,7 @@ struct DecodeKernel {
         const int row = 2 * m + lane / 16, chunk = lane % 16;
         const uint4 v = sm90::ld_shared_v4(stage + row * kStageRowBytes + ((chunk ^ (row % 8)) << 4));
         const int64_t row_offset = __shfl_sync(0xffffffffu, my_row_offset, row);
-        if (row_offset >= 0)
+        if (row_offset != kNoRow)
           *reinterpret_cast<uint4*>(p.out + row_offset + half * kHalfValueDim + round * kStageColumns + 8 * chunk) = v;
       }
       __syncwarp();  // read before the next round overwrites the stage
