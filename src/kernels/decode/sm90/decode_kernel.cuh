@@ -222,11 +222,11 @@ struct DecodeKernel {
   }
 
   // TMA pages: the producer arms a part's `full` with the bytes of its loads. Copied rows: every
-  // lane of the stage's producer warp arrives once its copies of the part have landed
+  // lane of the stage's producer warps arrives once its copies of the part have landed
   // (copy_rows_producer).
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages * kLoadParts; ++i) {
-      sm90::mbarrier_init(&s.full[i], kLoad == KvLoad::kCopiedRows ? 32 : 1);
+      sm90::mbarrier_init(&s.full[i], kLoad == KvLoad::kCopiedRows ? 32 * kCopyWarpsPerStage : 1);
       // Readers of a K stage part, one arrival per warp once it is done with the part: FP8
       // both consumers after their transposes (the scorer's S before them), BF16 the part's
       // consumer after its P·V (the scorer's S of the block completed before its message).
@@ -293,10 +293,12 @@ struct DecodeKernel {
     }
   }
 
-  // Pages below min_tma_page_tokens: producer warp w < kKStages owns K stage w and copies the
-  // rows of every block that goes there (blocks w, w + kKStages, ... of the part) with cp.async,
-  // into the swizzled layout TMA writes for larger pages. A page id outside [0, num_pages)
-  // reads zeros, as TMA's bounds check gives the larger pages.
+  // Pages below min_tma_page_tokens: producer warp w < kKStages · kCopyWarpsPerStage owns K
+  // stage w % kKStages and copies rows of every block that goes there (blocks w, w + kKStages,
+  // ... of the part) with cp.async, into the swizzled layout TMA writes for larger pages: all
+  // of them (FP8: three stages, one warp each), or (BF16: two stages, two warps each) the half
+  // of the rows w / kKStages names, so that each part of a block lands in half the time. A page
+  // id outside [0, num_pages) reads zeros, as TMA's bounds check gives the larger pages.
   //
   // The memory system does not make small pages slow: random 576-byte rows read at 97 % of the
   // rate of whole pages on the H200 (`speedmla-bench --read-floor`). The producer's instruction
@@ -319,15 +321,20 @@ struct DecodeKernel {
   struct RowsToCopy {
     int valid, page_low, page_high;
   };
+  static constexpr int kCopyWarpsPerStage = 4 / kKStages;
+  static_assert(kCopyWarpsPerStage == 1 || kCopyWarpsPerStage == 2, "rows of a block split in halves at most");
 
-  static __device__ RowsToCopy fetch_rows(const DecodeParams& p, const BlockCursor& cursor, int lane) {
+  // `row_half`: the rows of the block this warp copies, 0 (rows 0-31) or 1 (32-63) where two
+  // warps share a stage; the other half's page id is left at -1 (never read).
+  static __device__ RowsToCopy fetch_rows(const DecodeParams& p, const BlockCursor& cursor, int lane, int row_half) {
     const int request = cursor.piece().request, block = cursor.block();
     RowsToCopy rows;
     rows.valid = valid_tokens_in_block(p.seq_lens[request], block);
     const int32_t* table = p.block_table + request * p.block_table_stride;
     const int first_token = block * kBlockTokens;
-    rows.page_low = lane < rows.valid ? table[(first_token + lane) >> p.page_shift] : -1;
-    rows.page_high = lane + 32 < rows.valid ? table[(first_token + lane + 32) >> p.page_shift] : -1;
+    const bool low = kCopyWarpsPerStage == 1 || row_half == 0, high = kCopyWarpsPerStage == 1 || row_half == 1;
+    rows.page_low = low && lane < rows.valid ? table[(first_token + lane) >> p.page_shift] : -1;
+    rows.page_high = high && lane + 32 < rows.valid ? table[(first_token + lane + 32) >> p.page_shift] : -1;
     return rows;
   }
 
@@ -355,7 +362,7 @@ struct DecodeKernel {
   // below it have page id -1 and are zero-filled.
   static constexpr int kGroupSteps = 4;
   static __device__ void copy_rows_part(const DecodeParams& p, uint32_t stage_smem, int part, const RowsToCopy& rows,
-                                        const LaneCopy& at, int lane) {
+                                        const LaneCopy& at, int lane, int row_half) {
     constexpr int kSteps = kBlockTokens / kStepRows;
     static_assert(kSteps % kGroupSteps == 0 && (32 / kStepRows) % kGroupSteps == 0,
                   "a group's rows lie on one side of row 32");
@@ -363,6 +370,7 @@ struct DecodeKernel {
     for (int group = 0; group < kSteps / kGroupSteps; ++group) {
       const int first_step = group * kGroupSteps;
       if (first_step * kStepRows >= rows.valid) break;
+      if (kCopyWarpsPerStage == 2 && (first_step * kStepRows >= 32) != (row_half == 1)) continue;
       int page[kGroupSteps];
 #pragma unroll
       for (int j = 0; j < kGroupSteps; ++j) {
@@ -385,24 +393,25 @@ struct DecodeKernel {
   }
 
   static __device__ void copy_rows_producer(const DecodeParams& p, const Smem& s, int part) {
-    const int stage = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    if (stage >= kKStages) return;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    if (warp >= kKStages * kCopyWarpsPerStage) return;
+    const int stage = warp % kKStages, row_half = warp / kKStages;
     BlockCursor cursor(p, part);
     for (int i = 0; i < stage && cursor.valid(); ++i) cursor.advance();
     if (!cursor.valid()) return;
     const uint32_t stage_smem = sm90::smem_u32(s.k + stage * kTileBytes);
     const LaneCopy copy = lane_copy(p, lane);
-    RowsToCopy rows = fetch_rows(p, cursor, lane);
+    RowsToCopy rows = fetch_rows(p, cursor, lane, row_half);
     for (int round = 0;; ++round) {
       bool more = true;
 #pragma unroll
       for (int load_part = 0; load_part < kLoadParts; ++load_part) {
         sm90::mbarrier_wait(&s.kfree[stage * kLoadParts + load_part], (round & 1) ^ 1);
-        copy_rows_part(p, stage_smem, load_part, rows, copy, lane);
+        copy_rows_part(p, stage_smem, load_part, rows, copy, lane, row_half);
         if (load_part == kLoadParts - 1) {
           for (int i = 0; i < kKStages && cursor.valid(); ++i) cursor.advance();
           more = cursor.valid();
-          if (more) rows = fetch_rows(p, cursor, lane);
+          if (more) rows = fetch_rows(p, cursor, lane, row_half);
         }
         sm90::cp_async_wait_all();
         sm90::fence_proxy_async_smem();
