@@ -593,7 +593,7 @@ struct PrefillKernel {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = attention::quad_sum(softmax.row_sum[i]);
-      seen[i] = sum > 0.f;
+      seen[i] = softmax.saw_key(i);
       scale[i] = seen[i] ? p.output_scale / sum : 0.f;
       if (p.lse != nullptr && lane % 4 == 0 && row[i] < t.len_q)
         p.lse[(t.q_begin + row[i]) * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =

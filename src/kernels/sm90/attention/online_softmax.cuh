@@ -65,10 +65,14 @@ struct OnlineSoftmax {
       row_sum[i] = fmaf(row_sum[i], factor[i], row_tree_reduce(scores, i, [](float a, float b) { return a + b; }));
   }
 
+  // Whether row i has seen a key: its max is finite. (Its sum is no test: exp2_on_fma_pipe gives
+  // masked keys about 2^-125, not 0.) A row that saw a key sums to at least 2^(bias - slack).
+  __device__ __forceinline__ bool saw_key(int i) const { return row_max[i] != -INFINITY; }
+
   // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key.
   __device__ __forceinline__ float lse(int i, float quad_row_sum) const {
-    return quad_row_sum > 0.f ? (row_max[i] - kConfig.bias_log2 + __log2f(quad_row_sum)) * 0.69314718055994530942f
-                              : -INFINITY;
+    return saw_key(i) ? (row_max[i] - kConfig.bias_log2 + __log2f(quad_row_sum)) * 0.69314718055994530942f
+                      : -INFINITY;
   }
 };
 
