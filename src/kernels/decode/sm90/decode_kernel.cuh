@@ -769,8 +769,8 @@ struct DecodeKernel {
   // and the scores and softmax of the blocks it scores: b % 2 == me in the seesaw (FP8),
   // all blocks for consumer 0 otherwise (BF16). Seesaw: right after its P·V of a scored block
   // a consumer issues the scores of its next one, so they run during the other's softmax.
-  // BF16: the scorer sends P(b) only after issuing S(b+1), so that the tensor cores run
-  // consumer 1's P·V(b) during the softmax of b+1.
+  // BF16: the scorer writes P(b) while its P·V(b) runs but posts it only after issuing S(b+1),
+  // so that the tensor cores run consumer 1's P·V(b) during the softmax of b+1.
   //
   // Messages. Warp w of each consumer owns the same 16 rows, and the lane layouts match, so a
   // block's scorer hands its P fragments, partial row sums and new row maxima lane by lane to
@@ -795,7 +795,9 @@ struct DecodeKernel {
     const uint32_t max_slot[2] = {sm90::smem_u32(s.message_max + rows.local[0]),
                                   sm90::smem_u32(s.message_max + rows.local[1])};
 
-    auto send = [&](const float (&new_max)[2], const RowSums& block_sums) {
+    // A message is written (write_message), then posted (post_message): the BF16 scorer writes
+    // it while its P·V runs and posts it once the next scores are issued.
+    auto write_message = [&](const float (&new_max)[2], const RowSums& block_sums) {
       if (message > 0) sm90::mbarrier_wait(&s.channel_free[warp], (message - 1) & 1);
 #pragma unroll
       for (int g = 0; g < kProbGroups; ++g)
@@ -808,8 +810,14 @@ struct DecodeKernel {
         sm90::st_shared_f32(max_slot[0], new_max[0]);
         sm90::st_shared_f32(max_slot[1], new_max[1]);
       }
+    };
+    auto post_message = [&] {
       sm90::mbarrier_arrive(&s.channel[warp]);
       ++message;
+    };
+    auto send = [&](const float (&new_max)[2], const RowSums& block_sums) {
+      write_message(new_max, block_sums);
+      post_message();
     };
     auto receive = [&](float (&new_max)[2], RowSums& block_sums) {
       sm90::mbarrier_wait(&s.channel[warp], message & 1);
@@ -906,10 +914,11 @@ struct DecodeKernel {
           prepare_values(s, j_block, valid, me);
           advance_softmax(acc, row_max, row_sums, new_max, block_sums);
           issue_block_values(j_block, my_probs);
+          write_message(new_max, block_sums);  // while the P·V runs
           retire_wgmmas();
           release_values(s, j_block, me);
           if (b + 1 < num_blocks) issue_block_scores(j_block + 1);
-          send(new_max, block_sums);
+          post_message();
         } else {
           // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
           // block), but ptxas merges this path with the scorer's, which ends with S(b+1) in
