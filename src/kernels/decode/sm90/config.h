@@ -21,7 +21,7 @@ inline constexpr int kChunkDims = 64;
 // (0.204 against 0.361 ms, B=128 s_k 8K H=16 on the H200). BF16 pages of 1-4 copy in 0.39 ms against
 // 0.45 for TMA at page 8, but a copy instruction covers 4 BF16 rows and a lane's rows must sit
 // at one place in their pages (decode_kernel.cuh, LaneCopy): BF16 pages of 8 stay on TMA.
-constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 16 : 8; }
+constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 32 : 16; }
 inline constexpr int kNumChunks = 9;        // 576 / 64
 inline constexpr int kValueChunks = 8;      // the first 512 features are the values
 inline constexpr int kLatentDim = 512;
