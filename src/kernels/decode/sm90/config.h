@@ -17,11 +17,12 @@ inline constexpr int kChunkDims = 64;
 
 // Pages of fewer tokens than this are copied into the K stages with cp.async rather than loaded
 // by TMA. TMA writes swizzled boxes only at swizzle-atom (8-row) boundaries, so pages below 8
-// must be copied; FP8 copies pages of 8 too, as its copies beat TMA's eight-row boxes there
-// (0.204 against 0.361 ms, B=128 s_k 8K H=16 on the H200). BF16 pages of 1-4 copy in 0.39 ms against
-// 0.45 for TMA at page 8, but a copy instruction covers 4 BF16 rows and a lane's rows must sit
-// at one place in their pages (decode_kernel.cuh, LaneCopy): BF16 pages of 8 stay on TMA.
-constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 16 : 8; }
+// must be copied; larger ones are copied too where the copies beat TMA's small boxes. The copies
+// take pages of up to two copy steps' rows (decode_kernel.cuh, LaneCopy: 16 FP8 rows, 8 BF16).
+// B=128 s_k 8K on the H200, ms, TMA -> copied: BF16 page 8 H=16 0.454 -> 0.349, H=128 0.885 ->
+// 0.578; FP8 page 16 H=16 0.232 -> 0.202, H=128 0.445 -> 0.369 (page 64: 0.325 / 0.501 BF16,
+// 0.187 / 0.346 FP8). BF16 page 16 stays on TMA (0.593 at H=128, where page 1 copies take 0.60).
+constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 32 : 16; }
 inline constexpr int kNumChunks = 9;        // 576 / 64
 inline constexpr int kValueChunks = 8;      // the first 512 features are the values
 inline constexpr int kLatentDim = 512;

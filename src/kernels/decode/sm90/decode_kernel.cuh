@@ -338,21 +338,25 @@ struct DecodeKernel {
     return rows;
   }
 
-  // Where a lane's copies go and come from, the same for every step of every block: a step's
-  // first row is a multiple of kStepRows, and copied pages hold at most kStepRows tokens, so a
-  // lane's row sits at the same place in its page at every step; the swizzle phase of its row
-  // alternates with the step's parity at most (BF16: 4 rows a step, 8 rows a swizzle atom).
-  static_assert(min_tma_page_tokens(Traits::kFp8) / 2 <= kStepRows, "a copied page fits in one step's rows");
+  // Where a lane's copies go and come from, the same for every step of every block up to the
+  // step's parity: a step's first row is a multiple of kStepRows and copied pages hold at most
+  // 2 kStepRows tokens, so a lane's row sits at one of two places in its page (one where pages
+  // hold at most kStepRows), alternating with the step's parity, as the swizzle phase of its row
+  // does (BF16: 4 rows a step, 8 rows a swizzle atom).
+  static_assert(min_tma_page_tokens(Traits::kFp8) / 2 <= 2 * kStepRows, "a copied page spans two steps' rows at most");
   struct LaneCopy {
     uint32_t dst[2];   // shared-memory offset of the lane's piece at step 0 and step 1
-    int64_t src;       // byte offset of the lane's piece in its page
+    int64_t src;       // byte offset of the lane's piece in its page at even steps
+    int32_t src_odd;   // what odd steps add to src (0 where pages hold at most kStepRows tokens)
   };
   static __device__ LaneCopy lane_copy(const DecodeParams& p, int lane) {
     const int piece = lane % kRowLanes, row = lane / kRowLanes;
     LaneCopy c;
     c.dst[0] = sm90::swizzled_piece_offset<Traits::kSwizzle>(row, piece);
     c.dst[1] = sm90::swizzled_piece_offset<Traits::kSwizzle>(row + kStepRows, piece);
-    c.src = (row & (p.page_size - 1)) * (kRowDim * kE) + piece * 16;
+    const int even_row = row & (p.page_size - 1), odd_row = (row + kStepRows) & (p.page_size - 1);
+    c.src = even_row * (kRowDim * kE) + piece * 16;
+    c.src_odd = (odd_row - even_row) * (kRowDim * kE);
     return c;
   }
 
@@ -382,7 +386,8 @@ struct DecodeKernel {
       for (int j = 0; j < kGroupSteps; ++j) {
         const int step = first_step + j;
         const bool present = page[j] >= 0 && page[j] < p.num_pages;
-        const uint8_t* src = p.kv_cache + at.src + (present ? page[j] * p.kv_page_stride_bytes : 0);
+        const uint8_t* src =
+            p.kv_cache + at.src + (step % 2 ? at.src_odd : 0) + (present ? page[j] * p.kv_page_stride_bytes : 0);
         const uint32_t dst = stage_smem + at.dst[step % 2] + (step - step % 2) * kStepRows * kChunkRowBytes;
 #pragma unroll
         for (int c = 0; c < kNumChunks; ++c)
