@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/captured_graph.h"
 #include "common/decode_problem.h"
 #include "common/error_budget.h"
 #include "common/util.h"
@@ -167,16 +168,13 @@ TEST(BackendGpu, CapturedGraphReplaysWithThreeBatches) {
   DeviceTensor d_q(DType::kBFloat16, {graph_bs, heads, 576}), d_out(DType::kBFloat16, {graph_bs, heads, 512});
   backend.init_cuda_graph_state(graph_bs, d_lens.view());
 
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   backend.init_forward_metadata_capture_cuda_graph(graph_bs);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  backend.forward_decode(d_q.view(), d_cache.view(), graph_bs, d_out.view(), 0.05f, 1.0f, std::nullopt,
-                         std::nullopt, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedGraph graph;
+  ASSERT_EQ(graph.capture([&] {
+    backend.forward_decode(d_q.view(), d_cache.view(), graph_bs, d_out.view(), 0.05f, 1.0f, std::nullopt,
+                           std::nullopt, graph.handle());
+  }), "");
+  ASSERT_EQ(graph.ended(), cudaSuccess);
 
   MlaBackend cpu(decode_config(dtype, Device{}));
   const std::vector<std::vector<int64_t>> pools{{3, 1}, {0, 2, 1, 3}, {2, 2, 0}};
@@ -195,9 +193,8 @@ TEST(BackendGpu, CapturedGraphReplaysWithThreeBatches) {
     d_q.upload(q);
     d_out.fill_bytes(0xFF);
     backend.init_forward_metadata_replay_cuda_graph(graph_bs, d_pool.view(), d_table.view(), real,
-                                                    ForwardMode::kDecode, stream);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+                                                    ForwardMode::kDecode, graph.handle());
+    ASSERT_EQ(graph.replay(), cudaSuccess);
 
     HostTensor expected(DType::kBFloat16, {real, heads, 512}), got(DType::kBFloat16, {real, heads, 512});
     cpu.init_forward_metadata(real, 0, h_pool.view(), h_lens.view(), ForwardMode::kDecode,
@@ -213,9 +210,6 @@ TEST(BackendGpu, CapturedGraphReplaysWithThreeBatches) {
     for (int64_t i = got.numel(); i < out.numel(); ++i)  // padded rows: one key, finite
       ASSERT_TRUE(std::isfinite(get(out, i))) << "padded row element " << i;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(BackendGpu, WorkspaceDoesNotGrowDuringCapture) {

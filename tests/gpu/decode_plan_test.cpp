@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "common/captured_graph.h"
 #include "common/decode_problem.h"
 #include "common/dtype_gpu_test.h"
 #include "common/op_testing.h"
@@ -93,9 +94,6 @@ TEST_P(DecodePlanGpu, OnePlanServesEveryLayerOfAStep) {
 // The plan and two layers captured in one graph, replayed with new lengths, pages and queries.
 TEST_P(DecodePlanGpu, PlanAndLayersInACudaGraph) {
   const int64_t B = 8;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const auto st = reinterpret_cast<Stream>(stream);
   std::vector<DecodeProblem> batches;
   for (int i = 0; i < 3; ++i) {
     std::mt19937_64 rng(seed() + i);
@@ -111,28 +109,24 @@ TEST_P(DecodePlanGpu, PlanAndLayersInACudaGraph) {
   const DecodeProblemSpec& s0 = batches[0].spec;
   DeviceProblem dev(batches[0]);
   DeviceTensor out2(DType::kBFloat16, {B, 1, s0.heads, kLatentDim}), lse2(DType::kFloat32, {B, 1, s0.heads});
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  const DecodePlan plan = plan_on(dev, s0, dev.workspace.view(), 0, st);
-  run_on_plan(plan, dev, s0, st);
-  mla_decode_with_plan(plan, dev.q.view(), dev.kv_cache, dev.block_table.view(), dev.seq_lens.view(), out2.view(),
-                       lse2.view(), s0.softmax_scale, s0.output_scale, st);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedGraph graph;
+  const Stream st = graph.handle();
+  ASSERT_EQ(graph.capture([&] {
+    const DecodePlan plan = plan_on(dev, s0, dev.workspace.view(), 0, st);
+    run_on_plan(plan, dev, s0, st);
+    mla_decode_with_plan(plan, dev.q.view(), dev.kv_cache, dev.block_table.view(), dev.seq_lens.view(),
+                         out2.view(), lse2.view(), s0.softmax_scale, s0.output_scale, st);
+  }), "");
+  ASSERT_EQ(graph.ended(), cudaSuccess);
   for (const DecodeProblem& pb : batches) {
     const DecodeResult ref = run_reference(pb);
     ASSERT_EQ(pb.cache_storage.nbytes(), batches[0].cache_storage.nbytes());
     dev.upload(pb);
     for (DeviceTensor* t : {&dev.out, &dev.lse, &out2, &lse2}) t->fill_bytes(0xFF);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(graph.replay(), cudaSuccess);
     expect_matches(dev.download(), ref, pb.spec);
     expect_matches({out2.to_host(), lse2.to_host()}, ref, pb.spec);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // One request (row `target` of a batch) decoded in batches of other sizes and companions: the

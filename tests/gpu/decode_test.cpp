@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/captured_graph.h"
 #include "common/decode_problem.h"
 #include "common/dtype_gpu_test.h"
 #include "common/util.h"
@@ -228,8 +229,6 @@ TEST_P(DecodeGpu, CacheBeyondTwoGigaElements) {
 // Capture once, replay with three different batches (lengths, page tables and queries).
 TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
   const int64_t B = 8;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   // Every batch shares the shapes (block table width, pool size) so one graph serves all.
   std::vector<DecodeProblem> batches;
   for (int i = 0; i < 3; ++i) {
@@ -243,25 +242,18 @@ TEST_P(DecodeGpu, CudaGraphReplayWithNewLengthsAndPages) {
     batches.push_back(make_decode_problem(s));
   }
   DeviceProblem dev(batches[0]);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  dev.run(batches[0].spec, reinterpret_cast<Stream>(stream));
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedGraph graph;
+  ASSERT_EQ(graph.capture([&] { dev.run(batches[0].spec, graph.handle()); }), "");
+  ASSERT_EQ(graph.ended(), cudaSuccess);
   for (const DecodeProblem& pb : batches) {
     const DecodeResult ref = run_reference(pb);
     ASSERT_EQ(pb.cache_storage.nbytes(), batches[0].cache_storage.nbytes());
     dev.upload(pb);
     dev.out.fill_bytes(0xFF);
     dev.lse.fill_bytes(0xFF);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    expect_matches({dev.out.to_host(), dev.lse.to_host()}, ref, pb.spec);
+    ASSERT_EQ(graph.replay(), cudaSuccess);
+    expect_matches(dev.download(), ref, pb.spec);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, DecodeGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),

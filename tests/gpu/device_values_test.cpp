@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "common/captured_graph.h"
 #include "common/decode_problem.h"
 #include "common/prefill_problem.h"
 #include "common/util.h"
@@ -241,30 +242,22 @@ TEST_P(DeviceValuesGpu, CheckModeInsideACapturedGraph) {
   take_device_check_flags(gpu);
   const DecodeProblem pb = make_decode_problem(decode_spec(GetParam(), rng()));
   DeviceProblem dev(pb);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  dev.run(pb.spec, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedGraph graph;
+  ASSERT_EQ(graph.capture([&] { dev.run(pb.spec, graph.handle()); }), "");
+  ASSERT_EQ(graph.ended(), cudaSuccess);
   set_device_checks(false);  // the graph keeps its validation kernel
 
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  EXPECT_EQ(take_device_check_flags(gpu, stream), 0u);
+  ASSERT_EQ(graph.replay(), cudaSuccess);
+  EXPECT_EQ(take_device_check_flags(gpu, graph.stream()), 0u);
   HostTensor lens = pb.seq_lens;
   lens.data<int32_t>()[3] = -7;
   dev.seq_lens.upload(lens);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  EXPECT_EQ(take_device_check_flags(gpu, stream), kCheckDecodeSeqLen);
+  ASSERT_EQ(graph.replay(), cudaSuccess);
+  EXPECT_EQ(take_device_check_flags(gpu, graph.stream()), kCheckDecodeSeqLen);
   dev.seq_lens.upload(pb.seq_lens);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  EXPECT_EQ(take_device_check_flags(gpu, stream), 0u);
+  ASSERT_EQ(graph.replay(), cudaSuccess);
+  EXPECT_EQ(take_device_check_flags(gpu, graph.stream()), 0u);
   expect_matches(dev.download(), run_reference(pb), pb.spec);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, DeviceValuesGpu, testing::Values(DType::kFloat8E4M3, DType::kBFloat16),

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/views.h"
+#include "common/captured_graph.h"
 #include "common/dtype_gpu_test.h"
 #include "common/error_budget.h"
 #include "common/prefill_problem.h"
@@ -183,23 +184,14 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     problems.push_back(make_prefill_problem(spec));
   }
   DevicePrefill dev(problems[0]);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   const PrefillProblemSpec& s = problems[0].spec;
-  std::string refused;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  try {
+  CapturedGraph graph;
+  const std::string refused = graph.capture([&] {
     mla_prefill(dev.q, dev.k, dev.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), s.causal,
-                s.softmax_scale, s.output_scale, reinterpret_cast<Stream>(stream));
-  } catch (const Error& error) {
-    refused = error.what();  // end the capture before failing, or every later test fails with it
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+                s.softmax_scale, s.output_scale, graph.handle());
+  });
   ASSERT_TRUE(refused.empty()) << refused;
-  ASSERT_EQ(captured, cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(graph.ended(), cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
   for (const PrefillProblem& pb : problems) {
     dev.q_storage.upload(pb.q_storage);
     dev.k_storage.upload(pb.k_storage);
@@ -209,15 +201,11 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     dev.out.fill_bytes(0xFF);
     dev.lse.fill_bytes(0xFF);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the graph's stream does not wait for the default one
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(graph.replay(), cudaSuccess);
     const PrefillErrors errors = compare_prefill(pb, dev.download(), prefill_reference(pb));
     report(pb, errors.worst_out, errors.worst_lse, "(graph replay)");
     expect_within(pb, errors, bounds(dtype()));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
