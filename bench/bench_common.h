@@ -86,6 +86,14 @@ void fill_device(void* dst, size_t bytes, size_t block_bytes, DType dtype, Distr
          "fill");
 }
 
+// Normal values (std 1, drawn as real activations are) of `dtype` over `bytes` of device memory,
+// from a block of just under 64 MB (its length is no multiple of a row, so rows do not repeat in
+// step).
+inline void fill_normal(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  fill_device(dst, bytes, (size_t{64} << 20) - 96, dtype, normal, rng);
+}
+
 // nvidia-smi's SM clock, power draw and active throttle reasons, queried over and over on a
 // thread between start() and stop(): one query takes tens of milliseconds, so the first one that
 // completes was taken while the case ran. "" when nvidia-smi is missing or answered nothing.

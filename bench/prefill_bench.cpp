@@ -37,13 +37,6 @@ double prefill_flops(const PrefillCase& c) {
   return 2.0 * c.heads * (kPrefillQkDim + kPrefillVDim) * pairs * c.batch;
 }
 
-// Normal values (std 1) of `dtype` over `bytes` of device memory, from a block of just under 64 MB
-// (its length is no multiple of a row, so rows do not repeat in step).
-void fill_normal(void* dst, size_t bytes, DType dtype, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  fill_device(dst, bytes, (size_t{64} << 20) - 96, dtype, normal, rng);
-}
-
 struct Buffers {
   void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *lse = nullptr, *cu = nullptr, *flush = nullptr;
 };
