@@ -9,9 +9,9 @@
 //   speedmla-bench --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N]
 //   speedmla-bench --prefill-case fp8|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill)
 //
-// q and the cache hold normal values (std 1), as activations are drawn (the house rule; until
-// 2026-12-02 uniform in [-1, 1), whose flatter scores made FP8 calls a few percent quicker than
-// what a user sees: issue 13).
+// q and the cache hold normal values (std 1), drawn as real activations are and as the prefill
+// bench and the FlashMLA harness (decode_peer.py) draw them; before 2026-12-02 (b12ca52) they
+// were uniform in [-1, 1), so earlier RESULTS.md decode figures came from flatter data.
 //
 // --rest-ms N leaves the GPU idle N ms before each case, so that every case starts from
 // about the same clocks and temperature: right after the heaviest cells of the grid, one
