@@ -103,8 +103,9 @@ struct Bf16Traits {
 
 // How the producer brings the cache's rows into the K stages (config.h, min_tma_page_tokens):
 // TMA boxes of whole pages, or, for pages too small for a swizzled TMA box or too small for
-// TMA to be quick, cp.async copies of each row. Two instantiations rather than a run-time branch: the copies' code in the same
-// kernel moved ptxas's register allocation enough to spill the consumers.
+// TMA to be quick, cp.async copies of each row. Two instantiations rather than a run-time
+// branch: the copies' code in the same kernel moved ptxas's register allocation enough to spill
+// the consumers.
 enum class KvLoad { kTmaPages, kCopiedRows };
 
 template <typename Traits, KvLoad kLoad>
