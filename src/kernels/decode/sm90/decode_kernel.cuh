@@ -250,21 +250,28 @@ struct DecodeKernel {
   // Producer: TMA loads
   // ---------------------------------------------------------------------------------------
 
-  // What the producer reads from global memory to load one block. It reads it one block
-  // ahead, so that the reads' latency (an L2 round trip at least) overlaps the wait for a free
-  // K stage instead of adding to every stage's turnaround.
+  // What the producer reads from global memory to load one block: the ids of every page that
+  // holds one of its tokens below seq_len (up to kMaxBoxes: pages of 16 BF16 / 32 FP8 tokens
+  // are the smallest on TMA). It reads them one block ahead, so that the reads' latency (an L2
+  // round trip at least) overlaps the wait for a free K stage instead of adding to every
+  // stage's turnaround: read at issue, each page past a block's first cost one round trip
+  // more (BF16 H=128 s_k 8K: page 32 took 1.08x page 64's time, page 16 1.18x).
+  static constexpr int kMaxBoxes = kBlockTokens / min_tma_page_tokens(Traits::kFp8);
   struct BlockLoad {
-    int request, block, seq_len;
-    int first_page;  // the page holding the block's first token
+    int block, valid;      // the block, its tokens below seq_len
+    int page[kMaxBoxes];   // ids of the pages of its first tokens (-1: past seq_len)
   };
 
   static __device__ BlockLoad fetch_block_load(const DecodeParams& p, const BlockCursor& cursor) {
     BlockLoad load;
-    load.request = cursor.piece().request;
+    const int request = cursor.piece().request;
     load.block = cursor.block();
-    load.seq_len = p.seq_lens[load.request];
-    load.first_page =
-        p.block_table[load.request * p.block_table_stride + ((load.block * kBlockTokens) >> p.page_shift)];
+    load.valid = valid_tokens_in_block(p.seq_lens[request], load.block);
+    const int box_tokens = min(p.page_size, kBlockTokens);
+    const int32_t* table =
+        p.block_table + request * p.block_table_stride + ((load.block * kBlockTokens) >> p.page_shift);
+#pragma unroll
+    for (int box = 0; box < kMaxBoxes; ++box) load.page[box] = box * box_tokens < load.valid ? table[box] : -1;
     return load;
   }
 
@@ -272,25 +279,23 @@ struct DecodeKernel {
   // holds a token below seq_len, the part's column chunks of each.
   static __device__ void load_block_part(const DecodeParams& p, const CUtensorMap* kv_map, const Smem& s, int stage,
                                          int part, const BlockLoad& load) {
-    const int first_token = load.block * kBlockTokens;
-    const int valid = valid_tokens_in_block(load.seq_len, load.block);
     const int box_tokens = min(p.page_size, kBlockTokens);
-    const int boxes = (valid + box_tokens - 1) / box_tokens;
-    const int32_t* table = p.block_table + load.request * p.block_table_stride;
-    const int in_page = first_token & (p.page_size - 1);  // non-zero only for pages of 128
+    const int boxes = (load.valid + box_tokens - 1) / box_tokens;
+    const int in_page = (load.block * kBlockTokens) & (p.page_size - 1);  // non-zero only for pages of 128
     int part_chunks = 0;
 #pragma unroll
     for (int c = 0; c < kNumChunks; ++c) part_chunks += part_of_chunk(c) == part;
     uint64_t* full = &s.full[stage * kLoadParts + part];
     sm90::mbarrier_arrive_expect_tx(full, boxes * box_tokens * part_chunks * kChunkRowBytes);
     uint8_t* dst = s.k + stage * kTileBytes;
-    for (int box = 0; box < boxes; ++box) {
-      const int page = box == 0 ? load.first_page : table[(first_token >> p.page_shift) + box];
+#pragma unroll
+    for (int box = 0; box < kMaxBoxes; ++box) {
+      if (box >= boxes) break;
 #pragma unroll
       for (int c = 0; c < kNumChunks; ++c)
         if (part_of_chunk(c) == part)
           sm90::tma_load_3d(dst + c * kChunkBytes + box * box_tokens * kChunkRowBytes, kv_map, full, c * kChunkDims,
-                            in_page, page);
+                            in_page, load.page[box]);
     }
   }
 
