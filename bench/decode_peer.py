@@ -11,21 +11,34 @@ that flushes the L2, timed with CUDA events, median of --iters:
   - speedmla.mla_decode BF16 on the same cache, page 64, and on the same memory viewed as pages
     of 32 (each page-64 id p becomes 2p, 2p + 1: the same bytes in the same places);
   - speedmla.mla_decode FP8 on the same values rounded to e4m3, page 64.
-speedmla gets preallocated out, lse and workspace, as an engine passes them; its time includes
-its planner and combine (no plan reuse in the Python API yet).
+speedmla gets preallocated out, lse and workspace, as an engine passes them. Its plan is made
+once per cell (mla_decode_plan) and reused by every timed call (mla_decode_with_plan), as an
+engine makes it once per decode step for all its layers and as FlashMLA's metadata is reused;
+one more column times mla_decode with its planner inside the call (BF16, page 64).
 --rest-ms N leaves the GPU idle N ms before each cell (a rested grid); 0 (the default) runs the
 cells back to back, as a server runs its layers. The SM clock, power and throttle reasons are
 sampled while each cell runs. One check first: speedmla BF16 against FlashMLA on a small case.
+
+--fixed-costs (issue 13 item 4) replaces the timing by a kernel trace (torch.profiler, CUPTI's
+kernel records) of --iters calls per cell: for speedmla on its reused plan and for FlashMLA, how
+long the call runs past the end of its attention kernel (the combine's share of the call), and
+the planner kernel's own time (mla_decode_plan; FlashMLA's metadata kernel does not run in a
+timed call). The kernels run as they do in a call: the combine is a programmatic dependent of
+the main kernel, so it is timed from the main kernel's end to its own.
 
 Run from the repository root on the GPU machine, after building the peer
 (../shared/peers/README.md: build-peer/flashmla.tgz is what prepare.sh assembled, compressed):
   tar xzf build-peer/flashmla.tgz -C build-peer && bash build-peer/flashmla/build.sh
   PYTHONPATH=build/python-packages:.deps/pip:python:build-peer/flashmla \
   SPEEDMLA_LIBRARY=build/libspeedmla_tvm_ffi.so TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
-    python3 bench/decode_peer.py [--iters 20] [--rest-ms 0] [--quick]
+    python3 bench/decode_peer.py [--iters 20] [--rest-ms 0] [--quick] [--fixed-costs]
 """
 
 import argparse
+import json
+import os
+import statistics
+import tempfile
 import time
 
 import torch
@@ -68,34 +81,107 @@ class Pool:
         return ids.to(torch.int32).view(batch, blocks)
 
 
+class Cell:
+    """One grid cell's inputs, FlashMLA's metadata holder and speedmla's plans (made once, reused
+    by every call), and the calls to time by name."""
+
+    def __init__(self, pool, batch, s_k, heads, q_len, generator):
+        table = pool.table(batch, s_k, generator)
+        table32 = torch.stack((2 * table, 2 * table + 1), dim=-1).view(batch, -1)
+        seq_lens = torch.full((batch,), s_k, dtype=torch.int32, device="cuda")
+        q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
+        q8 = q.to(FP8)
+        cache64 = pool.bf16.view(pool.pages, PAGE, 1, ROW)  # FlashMLA's [pages, page, kv heads, 576]
+        cache32 = pool.bf16.view(2 * pool.pages, PAGE // 2, ROW)
+        out = torch.empty((batch, q_len, heads, LATENT), dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty((batch, q_len, heads), dtype=torch.float32, device="cuda")
+        workspace = torch.empty(speedmla.mla_decode_workspace_size(batch, heads, q_len, speedmla.device_sm_count(0)),
+                                dtype=torch.uint8, device="cuda")
+        meta, splits = flash_mla.get_mla_metadata()
+
+        def planned(query, cache, bt, dtype, page):
+            plan = speedmla.mla_decode_plan(seq_lens, bt, num_heads=heads, q_len=q_len, dtype=dtype, page_size=page)
+            self.plans.append(lambda: speedmla.mla_decode_plan(seq_lens, bt, num_heads=heads, q_len=q_len, dtype=dtype,
+                                                               page_size=page, workspace=plan.workspace))
+            return lambda: speedmla.mla_decode_with_plan(plan, query, cache, bt, seq_lens, softmax_scale=SCALE,
+                                                         out=out, lse=lse)
+
+        self.plans = []  # remaking a plan in place: the planner alone, for --fixed-costs
+        self.calls = {
+            "flashmla": lambda: flash_mla.flash_mla_with_kvcache(q, cache64, table, seq_lens, LATENT, meta, splits,
+                                                                 softmax_scale=SCALE, causal=q_len > 1),
+            "bf16 p64": planned(q, pool.bf16, table, "bfloat16", PAGE),
+            "bf16 p64 planner": lambda: speedmla.mla_decode(q, pool.bf16, table, seq_lens, softmax_scale=SCALE, out=out,
+                                                            lse=lse, workspace=workspace),
+            "bf16 p32": planned(q, cache32, table32, "bfloat16", PAGE // 2),
+            "fp8 p64": planned(q8, pool.fp8, table, "float8_e4m3fn", PAGE),
+        }
+
+
 def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
-    table = pool.table(batch, s_k, generator)
-    table32 = torch.stack((2 * table, 2 * table + 1), dim=-1).view(batch, -1)
-    seq_lens = torch.full((batch,), s_k, dtype=torch.int32, device="cuda")
-    q = normal((batch, q_len, heads, ROW), torch.bfloat16, generator)
-    q8 = q.to(FP8)
-    cache64 = pool.bf16.view(pool.pages, PAGE, 1, ROW)  # FlashMLA's [pages, page, kv heads, 576]
-    cache32 = pool.bf16.view(2 * pool.pages, PAGE // 2, ROW)
-    out = torch.empty((batch, q_len, heads, LATENT), dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty((batch, q_len, heads), dtype=torch.float32, device="cuda")
-    workspace = torch.empty(speedmla.mla_decode_workspace_size(batch, heads, q_len, speedmla.device_sm_count(0)),
-                            dtype=torch.uint8, device="cuda")
-    meta, splits = flash_mla.get_mla_metadata()
-
-    def ours(query, cache, bt):
-        return lambda: speedmla.mla_decode(query, cache, bt, seq_lens, softmax_scale=SCALE, out=out, lse=lse,
-                                           workspace=workspace)
-
-    calls = {
-        "flashmla": lambda: flash_mla.flash_mla_with_kvcache(q, cache64, table, seq_lens, LATENT, meta, splits,
-                                                             softmax_scale=SCALE, causal=q_len > 1),
-        "bf16 p64": ours(q, pool.bf16, table),
-        "bf16 p32": ours(q, cache32, table32),
-        "fp8 p64": ours(q8, pool.fp8, table),
-    }
+    calls = Cell(pool, batch, s_k, heads, q_len, generator).calls
     with GpuSampler() as sampler:
         times = timer.interleaved(calls, iters)
     return times, sampler.summary()
+
+
+# Kernel names in the trace: each implementation's attention kernel (every part of the name
+# matches) and its combine, and speedmla's planner.
+KERNELS = {"speedmla bf16 p64": (("decode_kernel<", "Bf16Traits"), "decode_combine_kernel"),
+           "speedmla fp8 p64": (("decode_kernel<", "Fp8Traits"), "decode_combine_kernel"),
+           "flashmla": (("flash_fwd_splitkv_mla_kernel",), "flash_fwd_mla_combine_kernel")}
+PLANNER = "decode_schedule_kernel"
+
+
+def kernel_trace(timer, calls, iters):
+    """The kernels (name, start µs, end µs) of `iters` rounds of the calls, in start order."""
+    for fn in calls:
+        timer.once(fn)  # warm: allocations and lazy metadata outside the trace
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            for fn in calls:
+                timer.once(fn, i)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+               if e.get("cat") == "kernel" and "dur" in e]
+    return sorted(kernels, key=lambda k: k[1])
+
+
+def combine_tails(kernels):
+    """{implementation: [(µs its call runs past its attention kernel's end, µs of the call from the
+    attention kernel's start)]}: each combine belongs to the attention kernel before it (the calls
+    run one at a time)."""
+    tails, current = {impl: [] for impl in KERNELS}, None
+    for name, start, end in kernels:
+        main = next((impl for impl, (parts, _) in KERNELS.items() if all(part in name for part in parts)), None)
+        if main is not None:
+            current = (main, start, end)
+        elif current is not None and KERNELS[current[0]][1] in name:
+            impl, main_start, main_end = current
+            tails[impl].append((max(0.0, end - main_end), end - main_start))
+            current = None
+    return tails
+
+
+def fixed_costs(pool, timer, batch, s_k, heads, q_len, iters, generator):
+    c = Cell(pool, batch, s_k, heads, q_len, generator)
+    calls = [c.calls["bf16 p64"], c.calls["fp8 p64"], c.calls["flashmla"], c.plans[0]]
+    kernels = kernel_trace(timer, calls, iters)
+    cells = []
+    for impl, per_call in combine_tails(kernels).items():
+        if not per_call:
+            cells.append("not traced (kernels: " + ", ".join(sorted({n[:60] for n, _, _ in kernels})) + ")")
+            continue
+        tail = statistics.median(t for t, _ in per_call)
+        share = statistics.median(t / span for t, span in per_call)
+        cells.append(f"+{tail:.1f} ({100 * share:.1f} %)")
+    planner = [end - start for name, start, end in kernels if PLANNER in name]
+    cells.append(f"{statistics.median(planner):.1f}" if planner else "not traced")
+    return " | ".join(cells)
 
 
 def check(pool, generator):
@@ -129,6 +215,8 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rest-ms", type=int, default=0, help="idle ms before each cell (0: back to back)")
     parser.add_argument("--quick", action="store_true", help="s_k 8K and the seed's shape only")
+    parser.add_argument("--fixed-costs", action="store_true",
+                        help="trace the kernels instead: the combine's and the planner's share of a call")
     args = parser.parse_args()
 
     generator = torch.Generator(device="cuda").manual_seed(2026)
@@ -137,14 +225,27 @@ def main():
     check(pool, generator)
     cells = [c for c in GRID if not args.quick or c[1] == 8192] + SEED_SHAPE
     mode = f"rested {args.rest_ms} ms before each cell" if args.rest_ms else "back to back"
-    print(f"\ndecode, {mode}; ms, median of {args.iters} interleaved calls, L2 flushed; "
-          "(×) = time / FlashMLA's time, below 1 is faster")
-    print("| B | s_k | H | q | FlashMLA bf16 p64 | speedmla bf16 p64 | speedmla bf16 p32 | speedmla fp8 p64 "
-          "| fp8 TB/s | fp8 TFLOP/s | SM clock, power, throttle |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    if args.fixed_costs:
+        print(f"\nfixed costs, {mode}; µs, median of {args.iters} traced calls (speedmla on its reused plan): "
+              "how long a call runs past its attention kernel's end, (%) its share of the call from the "
+              "attention kernel's start; the planner kernel's own time (once per decode step)")
+        print("| B | s_k | H | q | speedmla bf16 p64 combine | speedmla fp8 p64 combine | FlashMLA combine "
+              "| speedmla planner (BF16 p64) |")
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print(f"\ndecode, {mode}; ms, median of {args.iters} interleaved calls, L2 flushed; "
+              "(×) = time / FlashMLA's time, below 1 is faster; speedmla on a plan made once per cell "
+              "except the planner column (mla_decode, planner in the call)")
+        print("| B | s_k | H | q | FlashMLA bf16 p64 | speedmla bf16 p64 | bf16 p64, planner in the call "
+              "| speedmla bf16 p32 | speedmla fp8 p64 | fp8 TB/s | fp8 TFLOP/s | SM clock, power, throttle |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, s_k, heads, q_len in cells:
         if args.rest_ms:
             time.sleep(args.rest_ms / 1000)
+        if args.fixed_costs:
+            print(f"| {batch} | {s_k} | {heads} | {q_len} | "
+                  f"{fixed_costs(pool, timer, batch, s_k, heads, q_len, args.iters, generator)} |", flush=True)
+            continue
         times, state = cell(pool, timer, batch, s_k, heads, q_len, args.iters, generator)
         fp8 = times.get("fp8 p64")
         rates = (f"{decode_bytes(batch, s_k, heads, q_len, 1) / (fp8 * 1e-3) / 1e12:.2f} | "
@@ -153,7 +254,8 @@ def main():
         flashmla = times["flashmla"]
         flashmla_text = f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}"
         print(f"| {batch} | {s_k} | {heads} | {q_len} | {flashmla_text} | {ratio(times, 'bf16 p64')} | "
-              f"{ratio(times, 'bf16 p32')} | {ratio(times, 'fp8 p64')} | {rates} | {state} |", flush=True)
+              f"{ratio(times, 'bf16 p64 planner')} | {ratio(times, 'bf16 p32')} | {ratio(times, 'fp8 p64')} | "
+              f"{rates} | {state} |", flush=True)
 
 
 if __name__ == "__main__":
