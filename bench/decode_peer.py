@@ -201,6 +201,11 @@ def check(pool, generator):
           f"max |lse diff| {lse_diff:.2e}")
     if not (out_diff < 1e-2 and lse_diff < 1e-3):
         raise SystemExit("speedmla and FlashMLA disagree: the timings below would compare different work")
+    plan = speedmla.mla_decode_plan(seq_lens, table, num_heads=heads, q_len=q_len, dtype="bfloat16", page_size=PAGE)
+    planned, planned_lse = speedmla.mla_decode_with_plan(plan, q, pool.bf16, table, seq_lens, softmax_scale=SCALE,
+                                                         return_lse=True)
+    if not (torch.equal(planned, ours) and torch.equal(planned_lse, our_lse)):
+        raise SystemExit("mla_decode_with_plan differs from mla_decode: the timed calls would not be what engines get")
 
 
 def ratio(times, name):
