@@ -7,20 +7,21 @@
 #
 # Each BUILD_DIR needs speedmla_gpu_tests and speedmla-bench (a full build folder or just the
 # two binaries). Logs go under $OUT (or /tmp/ab-decode), one folder per build; the tests are
-# gpu-check.sh's (--tests-only --filter '*Decode*'); AB_TESTED="NAME..." skips them for builds
-# whose tests passed in an earlier run.
+# gpu-check.sh's (--tests-only --filter "$AB_FILTER", '*Decode*' by default); AB_TESTED="NAME..."
+# skips them for builds whose tests passed in an earlier run.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench_args="$1"; shift
 logs="${OUT:-/tmp/ab-decode}"
 rounds="${AB_ROUNDS:-2}"
+filter="${AB_FILTER:-*Decode*}"
 for build in "$@"; do
   name=$(basename "$build")
   mkdir -p "$logs/$name"
   [[ " ${AB_TESTED:-} " == *" $name "* ]] && continue
   echo "== $name"
   # gpu-check's decode tests and its summary (pass/fail counts, worst errors per type).
-  SPEEDMLA_BUILD_DIR="$build" OUT="$logs/$name" "$root/scripts/gpu-check.sh" --tests-only --filter '*Decode*' |
+  SPEEDMLA_BUILD_DIR="$build" OUT="$logs/$name" "$root/scripts/gpu-check.sh" --tests-only --filter "$filter" |
     sed '1,/gpu-check summary/d'
 done
 for round in $(seq "$rounds"); do
