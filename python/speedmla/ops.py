@@ -267,12 +267,14 @@ def mla_decode_workspace_size(batch: int, num_heads: int, q_len: int, num_sms: i
 class DecodePlan:
     """A split-KV plan for the layers of one decode step (mla_decode_plan); pass it to
     mla_decode_with_plan. It keeps the workspace it was written into (and the seq_lens it was
-    made from) alive; its shapes are checked at every use."""
+    made from) alive; its shapes are checked at every use. block_table_width: the
+    block_table.shape[1] it was made for."""
 
-    __slots__ = ("_handle", "workspace", "seq_lens")
+    __slots__ = ("_handle", "workspace", "seq_lens", "block_table_width")
 
-    def __init__(self, handle, workspace, seq_lens):
+    def __init__(self, handle, workspace, seq_lens, block_table_width):
         self._handle, self.workspace, self.seq_lens = handle, workspace, seq_lens
+        self.block_table_width = block_table_width
 
 
 def mla_decode_plan(seq_lens, block_table, *, num_heads: int, q_len: int, dtype: str, page_size: int,
@@ -310,7 +312,7 @@ def mla_decode_plan(seq_lens, block_table, *, num_heads: int, q_len: int, dtype:
         handle = lib().mla_decode_plan(seq_lens, block_table, operator.index(num_heads), operator.index(q_len),
                                        str(dtype).removeprefix("torch."), operator.index(page_size), workspace,
                                        operator.index(invariant_split_tokens))
-        return DecodePlan(handle, workspace, seq_lens)
+        return DecodePlan(handle, workspace, seq_lens, tz.dims(block_table, 2, "mla_decode_plan", "block_table")[1])
     except (TypeError, AttributeError, ValueError) as failure:
         tz.raise_argument_error(mla_decode_plan, locals(), failure)
 

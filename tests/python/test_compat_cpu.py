@@ -152,6 +152,26 @@ def test_flash_mla_api_with_an_fp8_cache_is_mla_decode_on_quantised_queries(rng)
     assert np.array_equal(lse, native_lse.transpose(0, 2, 1))
 
 
+def test_flash_mla_holder_keeps_a_plan_per_lengths_tensor(rng):
+    # FlashMLA's holder carries its metadata from a step's first layer to the others; here it
+    # carries speedmla's split-KV plan, remade when another cache_seqlens tensor comes.
+    q, cache, table, lens = paged_problem(rng, 3, 2, 4, 16, [5, 30, 17])
+    cache = cache.reshape(-1, 16, 1, 576)
+    meta, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, causal=True)
+    plan = meta.tile_scheduler_metadata
+    assert isinstance(plan, speedmla.DecodePlan) and plan.seq_lens is lens and plan.block_table_width == table.shape[1]
+    again, lse_again = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, causal=True)
+    assert meta.tile_scheduler_metadata is plan
+    assert np.array_equal(again, out) and np.array_equal(lse_again, lse)
+    other_lens = lens.copy()
+    third, _ = flash_mla.flash_mla_with_kvcache(q, cache, table, other_lens, 512, meta, causal=True)
+    assert meta.tile_scheduler_metadata is not plan and meta.tile_scheduler_metadata.seq_lens is other_lens
+    assert np.array_equal(third, out)
+    native = speedmla.mla_decode(q, cache[:, :, 0], table, lens, softmax_scale=576 ** -0.5)
+    assert np.array_equal(out, native)
+
+
 def test_small_helpers():
     assert ts.has_binary_prefill()
     ts.warmup_compile_prefill()

@@ -206,7 +206,8 @@ def test_flash_mla_api(h_q, h_k, s_q, causal):
     lse_by_token = lse.transpose(1, 2).clone()
     lse_by_token[torch.isposinf(lse_by_token)] = -math.inf
     check_requests(out, lse_by_token, expected, expected_lse, "bfloat16", f"h_q {h_q} h_k {h_k} s_q {s_q}")
-    if h_k == 1 and (causal or s_q == 1):  # the same call as mla_decode
+    if h_k == 1 and (causal or s_q == 1):  # the same call as mla_decode, on the holder's plan
+        assert isinstance(meta.tile_scheduler_metadata, speedmla.DecodePlan)
         native, native_lse = speedmla.mla_decode(args[0], args[1][:, :, 0], args[2], args[3],
                                                  softmax_scale=576 ** -0.5, return_lse=True)
         assert torch.equal(out, native)

@@ -35,11 +35,14 @@ _FN = "flash_mla_with_kvcache"
 class FlashMLASchedMeta:
     """FlashMLA's tile-scheduler metadata holder, with its fields.
 
-    FlashMLA fills tile_scheduler_metadata and num_splits on the first call and reuses them while
-    the batch's shapes and lengths stay the same. speedmla plans split-KV on the device in every
-    call (a few microseconds, and nothing to go stale when lengths change), so both stay None;
-    the holder records the first call's configuration and checks later calls against it, as
-    FlashMLA does.
+    FlashMLA fills tile_scheduler_metadata and num_splits on the first call of a decode step and
+    the step's other layers reuse them. Here tile_scheduler_metadata holds speedmla's split-KV
+    plan (speedmla.DecodePlan), made by the first call from its cache_seqlens and reused by the
+    calls that pass the same cache_seqlens tensor and block-table width (another tensor gets a
+    new plan): the layers after the first skip the planner kernel, as FlashMLA's skip its
+    metadata kernel. As with FlashMLA, a holder serves one decode step: lengths changed in place
+    after its first call are not seen. num_splits stays None. The holder also records the first
+    call's configuration and refuses later calls that differ, as FlashMLA does.
     """
 
     @dataclasses.dataclass
@@ -68,6 +71,18 @@ def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
     FlashMLA's older interface) are accepted and not needed."""
     del args, kwargs
     return FlashMLASchedMeta(), None
+
+
+def _plan(sched_meta: FlashMLASchedMeta, cache_seqlens, block_table, h_q: int, s_q: int, dtype: str,
+          page_block_size: int) -> ops.DecodePlan:
+    """The holder's plan for these lengths, made at the first call that passes them."""
+    plan = sched_meta.tile_scheduler_metadata
+    if (not isinstance(plan, ops.DecodePlan) or plan.seq_lens is not cache_seqlens
+            or plan.block_table_width != tz.shape(block_table)[1]):
+        plan = ops.mla_decode_plan(cache_seqlens, block_table, num_heads=h_q, q_len=s_q, dtype=dtype,
+                                   page_size=page_block_size)
+        sched_meta.tile_scheduler_metadata = plan
+    return plan
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v: int,
@@ -146,6 +161,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v: i
     out, _ = tz.empty(q, (batch, s_q, h_q, ops.LATENT_DIM), "bfloat16")
     lse, _ = tz.empty(q, (batch, h_q, s_q), "float32")
     lse_by_token = swap_last_two(lse)  # [B, s_q, h_q], the layout mla_decode writes
+    if h_k == 1 and (causal or s_q == 1):
+        # One mla_decode call over the whole batch: on the holder's plan (the mask is
+        # mla_decode's own for s_q > 1, and s_q = 1 sees every key either way).
+        ops.mla_decode_with_plan(_plan(sched_meta, cache_seqlens, block_table, h_q, s_q, expected, page_block_size),
+                                 q, k_cache[:, :, 0, :], block_table, cache_seqlens, softmax_scale=softmax_scale,
+                                 out=out, lse=lse_by_token)
+        neg_inf_to_pos_inf(lse)
+        return out, lse
     group = h_q // h_k
     for head_k in range(h_k):
         heads = slice(head_k * group, (head_k + 1) * group)
