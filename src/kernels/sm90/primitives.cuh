@@ -228,22 +228,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe, for probabilities that are rounded to e4m3 next (relative error 1.7e-3,
-// 3 % of an e4m3 step): a kernel whose exponentials saturate the MUFU unit computes some of them
-// here instead. x = j + f with j = round(x) (the 1.5 * 2^23 addition leaves it in the low
-// mantissa bits), 2^f by a degree-2 minimax polynomial on [-0.5, 0.5], j added to the exponent.
-// x below -125 (-inf included) gives about 2^-125, not 0: it rounds to an e4m3 zero, and adds
-// nothing a row sum of at least 2^5 would notice. So a row's sum is no test of whether it saw a
-// key (a row that saw none sums to a multiple of 2^-125): its running max is (OnlineSoftmax::saw_key).
-__device__ __forceinline__ float exp2_on_fma_pipe(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-  const float clamped = fmaxf(x, -125.f);
-  const float shifted = clamped + kRound;
-  const float f = clamped - (shifted - kRound);
-  const float p = fmaf(fmaf(0.23842666f, f, 0.70344466f), f, 1.0004431f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
 // Byte permute: result byte i = byte selector_nibble_i of the 8-byte value {b, a}.
 __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;

@@ -21,10 +21,6 @@ namespace speedmla::kernels::sm90::attention {
 struct SoftmaxConfig {
   float slack_log2;  // lazy-max slack (base 2)
   float bias_log2;   // probabilities scaled by 2^bias
-  // Of every 16 probabilities of a thread, how many are computed on the FMA pipe
-  // (exp2_on_fma_pipe, for P rounded to e4m3 only) rather than by MUFU: FP8 kernels whose
-  // exponentials outrun their tensor work balance the two pipes with it.
-  int fma_exp2_per_16;
 };
 
 template <SoftmaxConfig kConfig>
@@ -58,15 +54,15 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRegs; ++r) {
       const float x = fmaf(scores[r], scale_log2, -base[(r / 2) % 2]);
-      scores[r] = r % 16 < kConfig.fma_exp2_per_16 ? exp2_on_fma_pipe(x) : fast_exp2(x);
+      scores[r] = fast_exp2(x);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       row_sum[i] = fmaf(row_sum[i], factor[i], row_tree_reduce(scores, i, [](float a, float b) { return a + b; }));
   }
 
-  // Whether row i has seen a key: its max is finite. (Its sum is no test: exp2_on_fma_pipe gives
-  // masked keys about 2^-125, not 0.) A row that saw a key sums to at least 2^(bias - slack).
+  // Whether row i has seen a key: its max is finite. A row that saw a key sums to at least
+  // 2^(bias - slack).
   __device__ __forceinline__ bool saw_key(int i) const { return row_max[i] != -INFINITY; }
 
   // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key.
