@@ -16,6 +16,11 @@ __device__ __forceinline__ int request_num_blocks(const DecodeParams& p, int seq
   return valid ? (seq_len + kBlockTokens - 1) / kBlockTokens : -1;
 }
 
+// Tokens of KV block `block` below seq_len (the block's last may be partial).
+__device__ __forceinline__ int valid_tokens_in_block(int seq_len, int block) {
+  return min(kBlockTokens, seq_len - block * kBlockTokens);
+}
+
 // Every request costs at least one unit so that some CTA writes its (possibly empty) output.
 __device__ __forceinline__ int request_units(int num_blocks) { return num_blocks > 1 ? num_blocks : 1; }
 
