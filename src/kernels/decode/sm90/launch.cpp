@@ -16,10 +16,13 @@ DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream, D
   using Prepare = DecodeLaunchStatus (*)(const DecodeLaunch&, CUtensorMap*);
   using Launch = cudaError_t (*)(const CUtensorMap&, const DecodeParams&, cudaStream_t);
   const bool copied_rows = launch.page_size < min_tma_page_tokens(launch.fp8);
-  const Prepare prepare = launch.fp8 ? (copied_rows ? prepare_decode_fp8_copied_rows : prepare_decode_fp8)
-                                     : (copied_rows ? prepare_decode_bf16_copied_rows : prepare_decode_bf16);
-  const Launch launch_main = launch.fp8 ? (copied_rows ? launch_decode_fp8_copied_rows : launch_decode_fp8)
-                                        : (copied_rows ? launch_decode_bf16_copied_rows : launch_decode_bf16);
+  const bool narrow = launch.fp8 && !copied_rows && launch.num_heads * launch.q_len <= kNarrowRows;
+  const Prepare prepare = narrow        ? prepare_decode_fp8_narrow
+                          : launch.fp8  ? (copied_rows ? prepare_decode_fp8_copied_rows : prepare_decode_fp8)
+                                        : (copied_rows ? prepare_decode_bf16_copied_rows : prepare_decode_bf16);
+  const Launch launch_main = narrow       ? launch_decode_fp8_narrow
+                             : launch.fp8 ? (copied_rows ? launch_decode_fp8_copied_rows : launch_decode_fp8)
+                                          : (copied_rows ? launch_decode_bf16_copied_rows : launch_decode_bf16);
   CUtensorMap kv_map;
   DecodeLaunchStatus status = prepare(launch, &kv_map);
   if (status.tensor_map != 0 || status.cuda != cudaSuccess) {
