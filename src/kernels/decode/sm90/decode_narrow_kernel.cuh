@@ -12,8 +12,8 @@
 //                     stage by ldmatrix.trans and byte permutes (no V^T buffer, no stmatrix, no
 //                     second read of V^T), B = P^T in shared memory (1 KB a block at 16 rows).
 //
-// Warpgroups: the producer (decode_producer.cuh, TMA pages) and two consumers that take the
-// part's blocks in turns (block j of the CTA's sequence to consumer j % 2), each with its own
+// Warpgroups: the producer (decode_producer.cuh, TMA pages) and two consumers that take a
+// piece's blocks in turns (block b of the piece to consumer b % 2), each with its own
 // softmax state and O^T over all 512 value dims: no hand-off between them within a piece. At a
 // piece's end consumer 1 passes its state through shared memory and consumer 0 merges the two
 // (the LSE merge) and writes the piece's output.
@@ -58,8 +58,9 @@ struct NarrowFp8Traits {
   static_assert(kRows == 16 || kRows == 32, "query rows a narrow tile holds");
   static constexpr bool kFp8 = true;
   static constexpr int kElemBytes = 1;
-  // No V^T buffers: the stages take the shared memory. The merge area is 512 x kRows FP32.
-  static constexpr int kKStages = kRows == 16 ? 4 : 3;
+  // No V^T buffers: the stages take the shared memory (180 KB at 16 rows, next to the merge
+  // area of 512 x kRows FP32).
+  static constexpr int kKStages = kRows == 16 ? 5 : 3;
   static constexpr int kLoadParts = 1;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
   static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
@@ -238,7 +239,7 @@ struct NarrowDecodeKernel {
     float weights[kColumns];  // ... of P as rounded to e4m3 (the output's normaliser)
   };
 
-  // One consumer warpgroup (me = 0 or 1): blocks J of the CTA's sequence with J % 2 == me.
+  // One consumer warpgroup (me = 0 or 1): blocks b of each piece with b % 2 == me.
   static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int part, int me) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -291,7 +292,10 @@ struct NarrowDecodeKernel {
       }
 
       const int num_blocks = max(piece.block_end - piece.block_begin, 0);
-      for (int b = (j + me) % 2 == 0 ? 0 : 1; b < num_blocks; b += 2) {
+      // Block b of the piece to consumer b % 2: which blocks each consumer sums (and so the
+      // result's bits) depends on the piece alone, not on what the part computed before it
+      // (the batch-invariant mode relies on it).
+      for (int b = me; b < num_blocks; b += 2) {
         const int J = j + b, block = piece.block_begin + b, ring = J % kKStages;
         const int valid = valid_tokens_in_block(seq_len, block);
         sm90::mbarrier_wait(&s.full[ring], (J / kKStages) & 1);
