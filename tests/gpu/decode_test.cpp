@@ -71,7 +71,8 @@ TEST_P(DecodeGpu, StridedPagesAndPadding) {
   check_case(s);
 }
 
-// (q_len, heads) pairs of 32 or more query rows and of 16 or fewer (FP8: the narrow kernel).
+// (q_len, heads) pairs of 32 and of 16 query rows (FP8: the narrow kernels of 32 and 16 rows)
+// and of 16 rows as four draft tokens of four heads.
 constexpr std::pair<int64_t, int64_t> kWideAndNarrowRows[] = {{2, 16}, {1, 16}, {4, 4}};
 
 TEST_P(DecodeGpu, SharpSoftmax) {

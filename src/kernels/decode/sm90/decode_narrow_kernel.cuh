@@ -95,6 +95,11 @@ struct NarrowDecodeKernel {
   static constexpr int kMTiles = kLatentDim / 64;  // O^T: 8 tiles of 64 dims
   static constexpr int kValueSteps = kBlockTokens / 32;
   static constexpr int kOutRegs = kMTiles * kScoreRegs;
+  // The V^T fragments of a block take 64 registers; beside the 128 of O^T at 32 rows they do not
+  // fit (halves of 32 spilled 108 bytes): there the block's O^T runs in four parts of two M
+  // tiles, each part's fragments loaded once the previous part's wgmmas have read theirs.
+  static constexpr int kFragParts = kRows == 32 ? 4 : 1;
+  static constexpr int kFragTiles = kMTiles / kFragParts;
 
   // P^T: core matrices of 8 rows x 16 bytes; four K groups (64 tokens) a row group.
   static constexpr int kPtCoreStride = 128;
@@ -195,11 +200,12 @@ struct NarrowDecodeKernel {
     sm90::wgmma_commit();
   }
 
-  // The V^T A fragments of the whole block from K stage `stage` (see the file comment): M tile i
-  // (dims 64i..), value step s (tokens 32s..), four registers each. Tokens at or past `valid`
-  // read as zeros (the cache holds anything there, and 0 x NaN would poison the sums).
-  static __device__ void load_value_fragments(const Smem& s, int stage, int valid,
-                                              uint32_t (&frag)[kMTiles][kValueSteps][4]) {
+  // The V^T A fragments of M tiles first_tile .. + kFragTiles - 1 (dims 64i..) of a block from
+  // K stage `stage` (see the file comment): value step s (tokens 32s..), four registers each.
+  // Tokens at or past `valid` read as zeros (the cache holds anything there, and 0 x NaN would
+  // poison the sums).
+  static __device__ void load_value_fragments(const Smem& s, int stage, int valid, int first_tile,
+                                              uint32_t (&frag)[kFragTiles][kValueSteps][4]) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const uint32_t base = sm90::smem_u32(s.k + stage * kTileBytes);
     const int matrix = lane / 8, row = lane % 8;
@@ -219,8 +225,8 @@ struct NarrowDecodeKernel {
                   (first + 8 < valid ? 0xff0000u : 0u) | (first + 9 < valid ? 0xff000000u : 0u);
       }
 #pragma unroll
-      for (int i = 0; i < kMTiles; ++i) {
-        const uint4 in = sm90::ldmatrix_x4_trans(row_address + i * kChunkBytes);
+      for (int i = 0; i < kFragTiles; ++i) {
+        const uint4 in = sm90::ldmatrix_x4_trans(row_address + (first_tile + i) * kChunkBytes);
         frag[i][step][0] = sm90::byte_perm(in.x, in.y, 0x6420u) & keep[0];
         frag[i][step][1] = sm90::byte_perm(in.x, in.y, 0x7531u) & keep[0];
         frag[i][step][2] = sm90::byte_perm(in.z, in.w, 0x6420u) & keep[1];
@@ -246,7 +252,7 @@ struct NarrowDecodeKernel {
     const int r = lane / 4;  // the thread's token (row of S^T) within its warp's 16: r and r + 8
     float out[kMTiles][kScoreRegs];
     float scores[kScoreRegs];
-    uint32_t frag[kMTiles][kValueSteps][4];
+    uint32_t frag[kFragTiles][kValueSteps][4];
     const uint32_t pt = sm90::smem_u32(s.pt + me * kPtBytes);
     const uint64_t pt_desc = sm90::make_smem_desc(s.pt + me * kPtBytes, kPtCoreStride, kPtGroupStride,
                                                   sm90::SmemLayout::kInterleave);
@@ -259,7 +265,7 @@ struct NarrowDecodeKernel {
       for (int i = 0; i < kMTiles; ++i) sm90::fence_registers(out[i]);
       sm90::fence_registers(scores);
 #pragma unroll
-      for (int i = 0; i < kMTiles; ++i)
+      for (int i = 0; i < kFragTiles; ++i)
 #pragma unroll
         for (int step = 0; step < kValueSteps; ++step) sm90::fence_registers(frag[i][step]);
     };
@@ -274,14 +280,8 @@ struct NarrowDecodeKernel {
 
       // Keys visible to each column's row t: k < seq_len - (q_len - 1) + t (context
       // parallelism: context_parallel_limit where a block needs masking).
-      int limit[kColumns];
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) limit[c] = seq_len - p.q_len + 1 + column_row(c) / p.num_heads;
-      int min_limit = limit[0];
-#pragma unroll
-      for (int c = 1; c < kColumns; ++c) min_limit = min(min_limit, limit[c]);
-      min_limit = min(min_limit, __shfl_xor_sync(0xffffffffu, min_limit, 1));
-      min_limit = min(min_limit, __shfl_xor_sync(0xffffffffu, min_limit, 2));
+      // Row 0 (token 0) sees the fewest: blocks below its limit need no masking.
+      const int min_limit = seq_len - p.q_len + 1;
       State st;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) st.max[c] = -INFINITY, st.exact[c] = 0.f, st.weights[c] = 0.f;
@@ -301,19 +301,26 @@ struct NarrowDecodeKernel {
         sm90::mbarrier_wait(&s.full[ring], (J / kKStages) & 1);
         issue_scores(s, ring, scores);
         retire_wgmmas();  // S^T(J), and this consumer's O^T of its previous block
-        load_value_fragments(s, ring, valid, frag);
-        // The stage's reads (S^T retired, the fragments loaded) before TMA may overwrite it.
-        sm90::fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(&s.kfree[ring]);
+        // The stage's reads (S^T retired, the last fragments loaded) before TMA may overwrite it.
+        auto release_stage = [&] {
+          sm90::fence_proxy_async_smem();
+          __syncwarp();
+          if (lane == 0) sm90::mbarrier_arrive(&s.kfree[ring]);
+        };
+        // 16 rows: the block's fragments load during the softmax. 32 rows: part by part after
+        // it, so that they and the softmax's temporaries are not live together beside O^T.
+        if constexpr (kFragParts == 1) {
+          load_value_fragments(s, ring, valid, 0, frag);
+          release_stage();
+        }
 
         // Mask keys past each column's limit.
         if ((block + 1) * kBlockTokens > min_limit) {
 #pragma unroll
           for (int c = 0; c < kColumns; ++c) {
-            const int bound = p.causal_seqs != nullptr
-                                  ? context_parallel_limit(p, piece.request, seq_len, limit[c])
-                                  : limit[c];
+            const int limit = min_limit + column_row(c) / p.num_heads;
+            const int bound =
+                p.causal_seqs != nullptr ? context_parallel_limit(p, piece.request, seq_len, limit) : limit;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int token = block * kBlockTokens + 16 * warp + r + 8 * h;
@@ -383,22 +390,31 @@ struct NarrowDecodeKernel {
         }
         sm90::fence_proxy_async_smem();
         sm90::named_barrier_sync(kBarConsumer0 + me, kWarpgroupThreads);  // P^T complete
-        // The rescaled accumulators and the fragments are final here: without the fences the
-        // compiler sinks the multiplications between the wgmmas, and ptxas serialises them.
 #pragma unroll
-        for (int i = 0; i < kMTiles; ++i) {
-          sm90::fence_registers(out[i]);
+        for (int part_index = 0; part_index < kFragParts; ++part_index) {
+          if constexpr (kFragParts > 1) {
+            if (part_index > 0) retire_wgmmas();  // the previous part has read its fragments
+            load_value_fragments(s, ring, valid, part_index * kFragTiles, frag);
+            if (part_index == kFragParts - 1) release_stage();
+          }
+          // The rescaled accumulators and the fragments are final here: without the fences the
+          // compiler sinks the multiplications between the wgmmas, and ptxas serialises them.
 #pragma unroll
-          for (int step = 0; step < kValueSteps; ++step) sm90::fence_registers(frag[i][step]);
+          for (int i = 0; i < kMTiles; ++i) sm90::fence_registers(out[i]);
+#pragma unroll
+          for (int i = 0; i < kFragTiles; ++i)
+#pragma unroll
+            for (int step = 0; step < kValueSteps; ++step) sm90::fence_registers(frag[i][step]);
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int i = 0; i < kFragTiles; ++i)
+#pragma unroll
+            for (int step = 0; step < kValueSteps; ++step)
+              sm90::mma_rs<typename Traits::ValueMma>(frag[i][step],
+                                                      sm90::desc_advance(pt_desc, 2 * step * kPtCoreStride),
+                                                      out[part_index * kFragTiles + i], true);
+          sm90::wgmma_commit();
         }
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-          for (int step = 0; step < kValueSteps; ++step)
-            sm90::mma_rs<typename Traits::ValueMma>(frag[i][step], sm90::desc_advance(pt_desc, 2 * step * kPtCoreStride),
-                                                    out[i], true);
-        sm90::wgmma_commit();
       }
       retire_wgmmas();
       j += num_blocks;
