@@ -58,9 +58,9 @@ struct NarrowFp8Traits {
   static_assert(kRows == 16 || kRows == 32, "query rows a narrow tile holds");
   static constexpr bool kFp8 = true;
   static constexpr int kElemBytes = 1;
-  // No V^T buffers: the stages take the shared memory (180 KB at 16 rows, next to the merge
-  // area of 512 x kRows FP32).
-  static constexpr int kKStages = kRows == 16 ? 5 : 3;
+  // No V^T buffers: the stages take the shared memory (180 / 144 KB at 16 / 32 rows, beside the
+  // query tile and the 32 KB merge area).
+  static constexpr int kKStages = kRows == 16 ? 5 : 4;
   static constexpr int kLoadParts = 1;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
   static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
@@ -94,7 +94,9 @@ struct NarrowDecodeKernel {
   static constexpr int kColumns = kRows / 4;     // query columns of a thread: 2 per 8
   static constexpr int kMTiles = kLatentDim / 64;  // O^T: 8 tiles of 64 dims
   static constexpr int kValueSteps = kBlockTokens / 32;
-  static constexpr int kOutRegs = kMTiles * kScoreRegs;
+  // Consumer 1's O^T reaches consumer 0 in kMergeRounds rounds of kMergeTiles M tiles.
+  static constexpr int kMergeRounds = kRows == 32 ? 2 : 1;
+  static constexpr int kMergeTiles = kMTiles / kMergeRounds;
   // The V^T fragments of a block take 64 registers; beside the 128 of O^T at 32 rows they do not
   // fit (halves of 32 spilled 108 bytes): there the block's O^T runs in four parts of two M
   // tiles, each part's fragments loaded once the previous part's wgmmas have read theirs.
@@ -110,7 +112,7 @@ struct NarrowDecodeKernel {
     uint8_t k[kKStages][kTileBytes];
     uint8_t q[kQBytes];
     uint8_t pt[2][kPtBytes];                    // per consumer
-    float merge_out[kOutRegs][kWarpgroupThreads];  // consumer 1's O^T, register-major
+    float merge_out[kMergeTiles * kScoreRegs][kWarpgroupThreads];  // consumer 1's O^T, register-major
     float merge_max[kRows];                     // consumer 1's column maxima
     float warp_max[2][4][kRows];                // per consumer and warp: a block's column maxima
     float warp_sums[2][2][4][kRows];            // per consumer, sum kind (exact, weights), warp
@@ -431,7 +433,9 @@ struct NarrowDecodeKernel {
   }
 
   // Consumer 1's state to consumer 0, the merge, and the piece's output: final BF16 (x
-  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel.
+  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel. Consumer 1's
+  // O^T goes through the merge area kMergeTiles M tiles at a time (32 rows: two rounds, so that
+  // the area takes 32 KB and a fourth K stage fits).
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
                                          const float (&out)[kMTiles][kScoreRegs], int me) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
@@ -445,76 +449,93 @@ struct NarrowDecodeKernel {
         sums[4 * kRows + warp * kRows + column_row(c)] = weights;
       }
     }
+    auto pass_tiles = [&](int round) {  // consumer 1
+#pragma unroll
+      for (int i = 0; i < kMergeTiles; ++i)
+#pragma unroll
+        for (int v = 0; v < kScoreRegs; ++v)
+          s.merge_out[(i * kScoreRegs + v) * kWarpgroupThreads + t] = out[round * kMergeTiles + i][v];
+    };
     if (me == 1) {
-#pragma unroll
-      for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-        for (int v = 0; v < kScoreRegs; ++v) s.merge_out[(i * kScoreRegs + v) * kWarpgroupThreads + t] = out[i][v];
+      pass_tiles(0);
       if (warp == 0 && r == 0) {
 #pragma unroll
         for (int c = 0; c < kColumns; ++c) s.merge_max[column_row(c)] = st.max[c];
       }
     }
     sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
-    if (me == 1) return;
 
+    // Consumer 0: each column's scale factors of the two states, normaliser and LSE.
     float scale_own[kColumns], scale_other[kColumns], inv[kColumns], lse[kColumns];
+    if (me == 0) {
 #pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      const int row = column_row(c);
-      const float* own = s.warp_sums;
-      const float* other = s.warp_sums + 2 * 4 * kRows;
-      float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
+      for (int c = 0; c < kColumns; ++c) {
+        const int row = column_row(c);
+        const float* own = s.warp_sums;
+        const float* other = s.warp_sums + 2 * 4 * kRows;
+        float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        exact[0] += own[w * kRows + row];
-        weights[0] += own[4 * kRows + w * kRows + row];
-        exact[1] += other[w * kRows + row];
-        weights[1] += other[4 * kRows + w * kRows + row];
-      }
-      const float max_own = st.max[c], max_other = s.merge_max[row];
-      const float m = fmaxf(max_own, max_other);
-      scale_own[c] = max_own == -INFINITY ? 0.f : sm90::fast_exp2(max_own - m);
-      scale_other[c] = max_other == -INFINITY ? 0.f : sm90::fast_exp2(max_other - m);
-      const float sum = exact[0] * scale_own[c] + exact[1] * scale_other[c];
-      const float weight = weights[0] * scale_own[c] + weights[1] * scale_other[c];
-      if (piece.num_blocks < 0) {
-        inv[c] = lse[c] = NAN;
-      } else if (sum > 0.f) {
-        inv[c] = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
-        lse[c] = (m - Traits::kProbabilityLog2Bias + __log2f(sum)) * 0.69314718055994530942f;
-      } else {
-        inv[c] = 0.f;
-        lse[c] = -INFINITY;
-      }
-    }
-    const int dim_in_tile = 16 * warp + 2 * (lane / 4);
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      const int row = column_row(c);
-      if (row >= p.num_rows) continue;
-      const int token = row / p.num_heads, head = row % p.num_heads;
-      const int r0 = 4 * (c / 2) + c % 2;
-      const float a = scale_own[c] * inv[c], b = scale_other[c] * inv[c];
-#pragma unroll
-      for (int i = 0; i < kMTiles; ++i) {
-        const float lo = out[i][r0] * a + s.merge_out[(i * kScoreRegs + r0) * kWarpgroupThreads + t] * b;
-        const float hi = out[i][r0 + 2] * a + s.merge_out[(i * kScoreRegs + r0 + 2) * kWarpgroupThreads + t] * b;
-        const int dim = 64 * i + dim_in_tile;
-        if (piece.slot >= 0) {
-          float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + dim;
-          *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+        for (int w = 0; w < 4; ++w) {
+          exact[0] += own[w * kRows + row];
+          weights[0] += own[4 * kRows + w * kRows + row];
+          exact[1] += other[w * kRows + row];
+          weights[1] += other[4 * kRows + w * kRows + row];
+        }
+        const float max_own = st.max[c], max_other = s.merge_max[row];
+        const float m = fmaxf(max_own, max_other);
+        scale_own[c] = max_own == -INFINITY ? 0.f : sm90::fast_exp2(max_own - m);
+        scale_other[c] = max_other == -INFINITY ? 0.f : sm90::fast_exp2(max_other - m);
+        const float sum = exact[0] * scale_own[c] + exact[1] * scale_other[c];
+        const float weight = weights[0] * scale_own[c] + weights[1] * scale_other[c];
+        if (piece.num_blocks < 0) {
+          inv[c] = lse[c] = NAN;
+        } else if (sum > 0.f) {
+          inv[c] = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
+          lse[c] = (m - Traits::kProbabilityLog2Bias + __log2f(sum)) * 0.69314718055994530942f;
         } else {
-          uint16_t* dst = p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
-                          head * p.out_stride_head + dim;
-          *reinterpret_cast<uint32_t*>(dst) = sm90::pack_bf16x2(lo * p.output_scale, hi * p.output_scale);
+          inv[c] = 0.f;
+          lse[c] = -INFINITY;
+        }
+        const int token = row / p.num_heads, head = row % p.num_heads;
+        if (warp == 0 && r == 0 && row < p.num_rows) {
+          if (piece.slot >= 0) {
+            p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + row] = lse[c];
+          } else if (p.lse != nullptr) {
+            p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse[c];
+          }
         }
       }
-      if (warp == 0 && lane / 4 == 0) {
-        if (piece.slot >= 0) {
-          p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + row] = lse[c];
-        } else if (p.lse != nullptr) {
-          p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse[c];
+    }
+    const int dim_in_tile = 16 * warp + 2 * r;
+#pragma unroll
+    for (int round = 0; round < kMergeRounds; ++round) {
+      if (round > 0) {
+        sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // the previous round is read
+        if (me == 1) pass_tiles(round);
+        sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
+      }
+      if (me == 1) continue;
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        const int row = column_row(c);
+        if (row >= p.num_rows) continue;
+        const int token = row / p.num_heads, head = row % p.num_heads;
+        const int r0 = 4 * (c / 2) + c % 2;
+        const float a = scale_own[c] * inv[c], b = scale_other[c] * inv[c];
+#pragma unroll
+        for (int k = 0; k < kMergeTiles; ++k) {
+          const int i = round * kMergeTiles + k;
+          const float lo = out[i][r0] * a + s.merge_out[(k * kScoreRegs + r0) * kWarpgroupThreads + t] * b;
+          const float hi = out[i][r0 + 2] * a + s.merge_out[(k * kScoreRegs + r0 + 2) * kWarpgroupThreads + t] * b;
+          const int dim = 64 * i + dim_in_tile;
+          if (piece.slot >= 0) {
+            float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + dim;
+            *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+          } else {
+            uint16_t* dst = p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
+                            head * p.out_stride_head + dim;
+            *reinterpret_cast<uint32_t*>(dst) = sm90::pack_bf16x2(lo * p.output_scale, hi * p.output_scale);
+          }
         }
       }
     }
