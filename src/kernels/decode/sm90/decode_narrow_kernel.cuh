@@ -44,6 +44,7 @@
 #include "kernels/decode/sm90/decode_producer.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/decode/sm90/query_tile.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
@@ -87,8 +88,6 @@ struct NarrowDecodeKernel {
   static constexpr int kQBytes = kNumChunks * kQChunkBytes;
   static constexpr int kRowGroupBytes = 8 * kChunkRowBytes;        // swizzle atom: 8 rows
   static constexpr int kStepsPerChunk = kChunkDims / 32;           // K = 32 bytes a wgmma
-  static constexpr int kQPiecesPerRow = kRowDim / 16;
-  static constexpr int kPiecesPerChunkRow = kChunkRowBytes / 16;
 
   static constexpr int kScoreRegs = kRows / 2;   // S^T: 64 x kRows over 128 threads
   static constexpr int kColumns = kRows / 4;     // query columns of a thread: 2 per 8
@@ -169,22 +168,8 @@ struct NarrowDecodeKernel {
   // The query rows of `request` (rows past num_rows zero) in the swizzled chunk layout the S^T
   // wgmma reads as its B operand; by both consumers.
   static __device__ void load_query(const DecodeParams& p, const Smem& s, int request) {
-    const int t = threadIdx.x - kWarpgroupThreads;
-    const uint8_t* q = static_cast<const uint8_t*>(p.q);
-    const uint32_t q_smem = sm90::smem_u32(s.q);
-    for (int i = t; i < kRows * kQPiecesPerRow; i += kConsumerThreads) {
-      const int r = i / kQPiecesPerRow, piece = i % kQPiecesPerRow;
-      const uint8_t* src = q;
-      if (r < p.num_rows) {
-        const int token = r / p.num_heads, head = r % p.num_heads;
-        src = q + (request * p.q_stride_batch + token * p.q_stride_token + head * p.q_stride_head) + piece * 16;
-      }
-      const int chunk = piece / kPiecesPerChunkRow, in_row = piece % kPiecesPerChunkRow;
-      sm90::cp_async_16(q_smem + chunk * kQChunkBytes + sm90::swizzled_piece_offset<Traits::kSwizzle>(r, in_row), src,
-                        r < p.num_rows ? 16u : 0u);
-    }
-    sm90::cp_async_wait_all();
-    sm90::fence_proxy_async_smem();
+    stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, 0, threadIdx.x - kWarpgroupThreads,
+                                                 kConsumerThreads);
   }
 
   // S^T(J) = K(J)·Q^T: 9 chunks x 2 steps.
