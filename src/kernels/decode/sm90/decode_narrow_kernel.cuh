@@ -15,8 +15,8 @@
 // Warpgroups: the producer (decode_producer.cuh, TMA pages) and two consumers that take a
 // piece's blocks in turns (block b of the piece to consumer b % 2), each with its own
 // softmax state and O^T over all 512 value dims: no hand-off between them within a piece. At a
-// piece's end consumer 1 passes its state through shared memory and consumer 0 merges the two
-// (the LSE merge) and writes the piece's output.
+// piece's end the two states meet in shared memory and are merged (the LSE merge) into the
+// piece's output (merge_and_store).
 //
 // Orders the wgmma operands impose, and what they make of the output's layout:
 // - V^T's A fragment: lane l holds rows l/4 and l/4 + 8 of its warp's 16, K positions
@@ -93,7 +93,7 @@ struct NarrowDecodeKernel {
   static constexpr int kColumns = kRows / 4;     // query columns of a thread: 2 per 8
   static constexpr int kMTiles = kLatentDim / 64;  // O^T: 8 tiles of 64 dims
   static constexpr int kValueSteps = kBlockTokens / 32;
-  // Consumer 1's O^T reaches consumer 0 in kMergeRounds rounds of kMergeTiles M tiles.
+  // The consumers' O^T meet in kMergeRounds rounds of kMergeTiles M tiles (merge_and_store).
   static constexpr int kMergeRounds = kRows == 32 ? 2 : 1;
   static constexpr int kMergeTiles = kMTiles / kMergeRounds;
   // The V^T fragments of a block take 64 registers; beside the 128 of O^T at 32 rows they do not
@@ -111,8 +111,8 @@ struct NarrowDecodeKernel {
     uint8_t k[kKStages][kTileBytes];
     uint8_t q[kQBytes];
     uint8_t pt[2][kPtBytes];                    // per consumer
-    float merge_out[kMergeTiles * kScoreRegs][kWarpgroupThreads];  // consumer 1's O^T, register-major
-    float merge_max[kRows];                     // consumer 1's column maxima
+    float merge_out[kMergeTiles * kScoreRegs][kWarpgroupThreads];  // one consumer's O^T tiles, register-major
+    float merge_max[2][kRows];                  // per consumer: its column maxima
     float warp_max[2][4][kRows];                // per consumer and warp: a block's column maxima
     float warp_sums[2][2][4][kRows];            // per consumer, sum kind (exact, weights), warp
     uint64_t full[kKStages];
@@ -167,9 +167,9 @@ struct NarrowDecodeKernel {
 
   // The query rows of `request` (rows past num_rows zero) in the swizzled chunk layout the S^T
   // wgmma reads as its B operand; by both consumers.
-  static __device__ void load_query(const DecodeParams& p, const Smem& s, int request) {
-    stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, 0, threadIdx.x - kWarpgroupThreads,
-                                                 kConsumerThreads);
+  static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int first_row) {
+    stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, first_row,
+                                                 threadIdx.x - kWarpgroupThreads, kConsumerThreads);
   }
 
   // S^T(J) = K(J)·Q^T: 9 chunks x 2 steps.
@@ -233,6 +233,11 @@ struct NarrowDecodeKernel {
   };
 
   // One consumer warpgroup (me = 0 or 1): blocks b of each piece with b % 2 == me.
+  // The CTA's first query row of a request: grid x counts row tiles (one where dispatch sends
+  // requests of at most kRows rows). Read where needed rather than held: held, it and the query
+  // staging's offsets derived from it were spilled by the 32-row consumer.
+  static __device__ int first_row() { return blockIdx.x * kRows; }
+
   static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int part, int me) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -262,13 +267,11 @@ struct NarrowDecodeKernel {
       const int seq_len = p.seq_lens[piece.request];
       // Both consumers are done with the previous piece's query and merge area.
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
-      load_query(p, s, piece.request);
+      load_query(p, s, piece.request, first_row());
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 
       // Keys visible to each column's row t: k < seq_len - (q_len - 1) + t (context
       // parallelism: context_parallel_limit where a block needs masking).
-      // Row 0 (token 0) sees the fewest: blocks below its limit need no masking.
-      const int min_limit = seq_len - p.q_len + 1;
       State st;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) st.max[c] = -INFINITY, st.exact[c] = 0.f, st.weights[c] = 0.f;
@@ -278,6 +281,9 @@ struct NarrowDecodeKernel {
         sm90::fence_registers(out[i]);
       }
 
+      // Keys row t sees: seq_len - (q_len - 1) + t. The tile's first row sees the fewest: blocks
+      // below its limit need no masking.
+      const int min_limit = seq_len - p.q_len + 1 + first_row() / p.num_heads;
       const int num_blocks = max(piece.block_end - piece.block_begin, 0);
       // Block b of the piece to consumer b % 2: which blocks each consumer sums (and so the
       // result's bits) depends on the piece alone, not on what the part computed before it
@@ -285,6 +291,14 @@ struct NarrowDecodeKernel {
       for (int b = me; b < num_blocks; b += 2) {
         const int J = j + b, block = piece.block_begin + b, ring = J % kKStages;
         const int valid = valid_tokens_in_block(seq_len, block);
+        // With an odd stage count a stage's blocks alternate between the consumers, which run
+        // apart: this one may reach block J while the other still waits for J - kKStages to
+        // land, and the parity wait below would then pass on the phase of J - 2·kKStages. Block
+        // J - kKStages's release (after it landed and was read) comes first: then the parity
+        // names J's phase alone. (Even counts give each consumer its own stages.)
+        if constexpr (kKStages % 2 == 1) {
+          if (J >= kKStages) sm90::mbarrier_wait(&s.kfree[ring], (J / kKStages - 1) & 1);
+        }
         sm90::mbarrier_wait(&s.full[ring], (J / kKStages) & 1);
         issue_scores(s, ring, scores);
         retire_wgmmas();  // S^T(J), and this consumer's O^T of its previous block
@@ -305,7 +319,7 @@ struct NarrowDecodeKernel {
         if ((block + 1) * kBlockTokens > min_limit) {
 #pragma unroll
           for (int c = 0; c < kColumns; ++c) {
-            const int limit = min_limit + column_row(c) / p.num_heads;
+            const int limit = seq_len - p.q_len + 1 + (first_row() + column_row(c)) / p.num_heads;
             const int bound =
                 p.causal_seqs != nullptr ? context_parallel_limit(p, piece.request, seq_len, limit) : limit;
 #pragma unroll
@@ -417,12 +431,17 @@ struct NarrowDecodeKernel {
     return v;
   }
 
-  // Consumer 1's state to consumer 0, the merge, and the piece's output: final BF16 (x
-  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel. Consumer 1's
-  // O^T goes through the merge area kMergeTiles M tiles at a time (32 rows: two rounds, so that
-  // the area takes 32 KB and a fourth K stage fits).
+  // The two consumers' states merged (the LSE merge) into the piece's output: final BF16 (x
+  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel. O^T passes
+  // through the merge area kMergeTiles M tiles at a time (32 rows: two rounds, so that the area
+  // takes 32 KB and a fourth K stage fits). Round 0: consumer 1 passes its tiles, consumer 0
+  // merges and stores them (and the LSE). Round 1: consumer 0 passes its later tiles, consumer 1
+  // merges and stores them. A slot of the area is only ever touched by the threads of the same
+  // index in both consumers, so a consumer's writes of round 1 follow its own reads of round 0
+  // with no barrier between.
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
                                          const float (&out)[kMTiles][kScoreRegs], int me) {
+    const int first_row = NarrowDecodeKernel::first_row();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     const int r = lane / 4;
     float* sums = s.warp_sums + me * 2 * 4 * kRows;
@@ -434,60 +453,64 @@ struct NarrowDecodeKernel {
         sums[4 * kRows + warp * kRows + column_row(c)] = weights;
       }
     }
-    auto pass_tiles = [&](int round) {  // consumer 1
+    if (warp == 0 && r == 0) {
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) s.merge_max[me * kRows + column_row(c)] = st.max[c];
+    }
+    // The merge area, register-major (shared-window addresses: the generic pointers cost 64-bit
+    // address registers the 32-row consumer does not have).
+    const uint32_t merge_slot = sm90::smem_u32(s.merge_out + t);
+    auto pass_tiles = [&](int round) {
 #pragma unroll
       for (int i = 0; i < kMergeTiles; ++i)
 #pragma unroll
         for (int v = 0; v < kScoreRegs; ++v)
-          s.merge_out[(i * kScoreRegs + v) * kWarpgroupThreads + t] = out[round * kMergeTiles + i][v];
+          sm90::st_shared_f32(merge_slot + (i * kScoreRegs + v) * kWarpgroupThreads * 4, out[round * kMergeTiles + i][v]);
     };
-    if (me == 1) {
-      pass_tiles(0);
-      if (warp == 0 && r == 0) {
-#pragma unroll
-        for (int c = 0; c < kColumns; ++c) s.merge_max[column_row(c)] = st.max[c];
-      }
-    }
+    if (me == 1) pass_tiles(0);
     sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 
-    // Consumer 0: each column's scale factors of the two states, normaliser and LSE.
-    float scale_own[kColumns], scale_other[kColumns], inv[kColumns], lse[kColumns];
-    if (me == 0) {
+    // Each column's weights of the two states (their scale to the common max over the
+    // normaliser): both consumers compute the same sums, in the same order of operands.
+    float weight_own[kColumns], weight_other[kColumns];
 #pragma unroll
-      for (int c = 0; c < kColumns; ++c) {
-        const int row = column_row(c);
-        const float* own = s.warp_sums;
-        const float* other = s.warp_sums + 2 * 4 * kRows;
-        float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
+    for (int c = 0; c < kColumns; ++c) {
+      const int row = column_row(c);
+      const float* own = s.warp_sums + me * 2 * 4 * kRows;
+      const float* other = s.warp_sums + (1 - me) * 2 * 4 * kRows;
+      float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          exact[0] += own[w * kRows + row];
-          weights[0] += own[4 * kRows + w * kRows + row];
-          exact[1] += other[w * kRows + row];
-          weights[1] += other[4 * kRows + w * kRows + row];
-        }
-        const float max_own = st.max[c], max_other = s.merge_max[row];
-        const float m = fmaxf(max_own, max_other);
-        scale_own[c] = max_own == -INFINITY ? 0.f : sm90::fast_exp2(max_own - m);
-        scale_other[c] = max_other == -INFINITY ? 0.f : sm90::fast_exp2(max_other - m);
-        const float sum = exact[0] * scale_own[c] + exact[1] * scale_other[c];
-        const float weight = weights[0] * scale_own[c] + weights[1] * scale_other[c];
-        if (piece.num_blocks < 0) {
-          inv[c] = lse[c] = NAN;
-        } else if (sum > 0.f) {
-          inv[c] = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
-          lse[c] = (m - Traits::kProbabilityLog2Bias + __log2f(sum)) * 0.69314718055994530942f;
-        } else {
-          inv[c] = 0.f;
-          lse[c] = -INFINITY;
-        }
-        const int token = row / p.num_heads, head = row % p.num_heads;
-        if (warp == 0 && r == 0 && row < p.num_rows) {
-          if (piece.slot >= 0) {
-            p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + row] = lse[c];
-          } else if (p.lse != nullptr) {
-            p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse[c];
-          }
+      for (int w = 0; w < 4; ++w) {
+        exact[0] += own[w * kRows + row];
+        weights[0] += own[4 * kRows + w * kRows + row];
+        exact[1] += other[w * kRows + row];
+        weights[1] += other[4 * kRows + w * kRows + row];
+      }
+      const float max_own = st.max[c], max_other = s.merge_max[(1 - me) * kRows + row];
+      const float m = fmaxf(max_own, max_other);
+      const float scale_own = max_own == -INFINITY ? 0.f : sm90::fast_exp2(max_own - m);
+      const float scale_other = max_other == -INFINITY ? 0.f : sm90::fast_exp2(max_other - m);
+      const float sum = exact[0] * scale_own + exact[1] * scale_other;
+      const float weight = weights[0] * scale_own + weights[1] * scale_other;
+      float inv, lse;
+      if (piece.num_blocks < 0) {
+        inv = lse = NAN;
+      } else if (sum > 0.f) {
+        inv = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
+        lse = (m - Traits::kProbabilityLog2Bias + __log2f(sum)) * 0.69314718055994530942f;
+      } else {
+        inv = 0.f;
+        lse = -INFINITY;
+      }
+      weight_own[c] = scale_own * inv;
+      weight_other[c] = scale_other * inv;
+      const int global_row = first_row + row;
+      const int token = global_row / p.num_heads, head = global_row % p.num_heads;
+      if (me == 0 && warp == 0 && r == 0 && global_row < p.num_rows) {
+        if (piece.slot >= 0) {
+          p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + global_row] = lse;
+        } else if (p.lse != nullptr) {
+          p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse;
         }
       }
     }
@@ -495,23 +518,23 @@ struct NarrowDecodeKernel {
 #pragma unroll
     for (int round = 0; round < kMergeRounds; ++round) {
       if (round > 0) {
-        sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // the previous round is read
-        if (me == 1) pass_tiles(round);
+        if (me == 0) pass_tiles(round);
         sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
       }
-      if (me == 1) continue;
+      if (me != round) continue;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
-        const int row = column_row(c);
+        const int row = first_row + column_row(c);
         if (row >= p.num_rows) continue;
         const int token = row / p.num_heads, head = row % p.num_heads;
         const int r0 = 4 * (c / 2) + c % 2;
-        const float a = scale_own[c] * inv[c], b = scale_other[c] * inv[c];
+        const float a = weight_own[c], b = weight_other[c];
 #pragma unroll
         for (int k = 0; k < kMergeTiles; ++k) {
           const int i = round * kMergeTiles + k;
-          const float lo = out[i][r0] * a + s.merge_out[(k * kScoreRegs + r0) * kWarpgroupThreads + t] * b;
-          const float hi = out[i][r0 + 2] * a + s.merge_out[(k * kScoreRegs + r0 + 2) * kWarpgroupThreads + t] * b;
+          const float lo = out[i][r0] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0) * kWarpgroupThreads * 4) * b;
+          const float hi =
+              out[i][r0 + 2] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0 + 2) * kWarpgroupThreads * 4) * b;
           const int dim = 64 * i + dim_in_tile;
           if (piece.slot >= 0) {
             float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + dim;
@@ -538,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // As decode_kernel: the plan is complete past the wait; the combine may launch after it.
   sm90::grid_dependency_wait();
   sm90::allow_dependent_launch();
-  const int part = blockIdx.y;
+  const int part = blockIdx.y;  // blockIdx.x: the row tile (consumer_warpgroup)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     sm90::warpgroup_reg_dealloc<Kernel::kProducerRegs>();
