@@ -117,6 +117,9 @@ struct NarrowDecodeKernel {
     float warp_sums[2][2][4][kRows];            // per consumer, sum kind (exact, weights), warp
     uint64_t full[kKStages];
     uint64_t kfree[kKStages];
+    uint64_t merge_ready[2];  // per consumer: its state of the piece is in shared memory
+    uint64_t merge_done[2];   // per consumer: it has read the other's state
+    uint64_t tiles_ready;     // 32 rows: consumer 0's round-1 tiles are in the merge area
   };
   static_assert(offsetof(SharedLayout, q) % 1024 == 0 && kQBytes % 512 == 0, "swizzle atoms");
   static constexpr int kSmemBytes = sizeof(SharedLayout) + 1024;
@@ -139,6 +142,9 @@ struct NarrowDecodeKernel {
     float* warp_sums;
     uint64_t* full;
     uint64_t* kfree;
+    uint64_t* merge_ready;
+    uint64_t* merge_done;
+    uint64_t* tiles_ready;
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -153,23 +159,36 @@ struct NarrowDecodeKernel {
     s.warp_sums = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_sums));
     s.full = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, full));
     s.kfree = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, kfree));
+    s.merge_ready = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_ready));
+    s.merge_done = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_done));
+    s.tiles_ready = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, tiles_ready));
     return s;
   }
 
-  // A stage is read by one consumer: released by its four warps.
+  // A stage is read by one consumer: released by its four warps. The merge's barriers take an
+  // arrival from every thread of a consumer (each releases its own writes).
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages; ++i) {
       sm90::mbarrier_init(&s.full[i], Producer::kFullArrivals);
       sm90::mbarrier_init(&s.kfree[i], 4);
     }
+    for (int c = 0; c < 2; ++c) {
+      sm90::mbarrier_init(&s.merge_ready[c], kWarpgroupThreads);
+      sm90::mbarrier_init(&s.merge_done[c], kWarpgroupThreads);
+    }
+    sm90::mbarrier_init(s.tiles_ready, kWarpgroupThreads);
     sm90::fence_barrier_init();
   }
 
   // The query rows of `request` (rows past num_rows zero) in the swizzled chunk layout the S^T
-  // wgmma reads as its B operand; by both consumers.
+  // wgmma reads as its B operand; by both consumers. The thread index is read anew for each
+  // piece: from threadIdx.x the compiler hoists the staging's per-thread offsets out of the piece
+  // loop, and the 32-row consumer, with no register to hold them, spilled them.
   static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int first_row) {
+    uint32_t thread;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
     stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, first_row,
-                                                 threadIdx.x - kWarpgroupThreads, kConsumerThreads);
+                                                 static_cast<int>(thread) - kWarpgroupThreads, kConsumerThreads);
   }
 
   // S^T(J) = K(J)·Q^T: 9 chunks x 2 steps.
@@ -249,7 +268,8 @@ struct NarrowDecodeKernel {
     const uint64_t pt_desc = sm90::make_smem_desc(s.pt + me * kPtBytes, kPtCoreStride, kPtGroupStride,
                                                   sm90::SmemLayout::kInterleave);
     float* warp_max = s.warp_max + me * 4 * kRows;
-    int j = 0;  // block counter over the CTA's whole sequence (the same in both consumers)
+    int j = 0;            // block counter over the CTA's whole sequence (the same in both consumers)
+    int piece_index = 0;  // pieces merged so far: the merge barriers' phase
 
     auto retire_wgmmas = [&] {
       sm90::wgmma_wait<0>();
@@ -265,7 +285,7 @@ struct NarrowDecodeKernel {
     for (PartWalker walker(p, part); walker.valid(); walker.next()) {
       const PartPiece piece = walker.piece();
       const int seq_len = p.seq_lens[piece.request];
-      // Both consumers are done with the previous piece's query and merge area.
+      // Both consumers are done with the previous piece's query tile.
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
       load_query(p, s, piece.request, first_row());
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
@@ -419,7 +439,7 @@ struct NarrowDecodeKernel {
       }
       retire_wgmmas();
       j += num_blocks;
-      merge_and_store(p, s, piece, st, out, me);
+      merge_and_store(p, s, piece, st, out, me, piece_index++);
     }
   }
 
@@ -438,12 +458,21 @@ struct NarrowDecodeKernel {
   // merges and stores them (and the LSE). Round 1: consumer 0 passes its later tiles, consumer 1
   // merges and stores them. A slot of the area is only ever touched by the threads of the same
   // index in both consumers, so a consumer's writes of round 1 follow its own reads of round 0
-  // with no barrier between.
+  // with no barrier between. The hand-offs go through mbarriers (merge_ready, merge_done,
+  // tiles_ready: one phase a piece), which order each access pair between the consumers
+  // explicitly; compute-sanitizer's racecheck reported the same hand-offs through a named
+  // barrier of the two consumers as races (d45, session 10).
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
-                                         const float (&out)[kMTiles][kScoreRegs], int me) {
+                                         const float (&out)[kMTiles][kScoreRegs], int me, int piece_index) {
     const int first_row = NarrowDecodeKernel::first_row();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     const int r = lane / 4;
+    const uint32_t phase = piece_index & 1;
+    // Both consumers (this one's other warps too) have read this one's previous state.
+    if (piece_index > 0) {
+      sm90::mbarrier_wait(&s.merge_done[me], phase ^ 1);
+      sm90::mbarrier_wait(&s.merge_done[1 - me], phase ^ 1);
+    }
     float* sums = s.warp_sums + me * 2 * 4 * kRows;
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) {
@@ -468,7 +497,14 @@ struct NarrowDecodeKernel {
           sm90::st_shared_f32(merge_slot + (i * kScoreRegs + v) * kWarpgroupThreads * 4, out[round * kMergeTiles + i][v]);
     };
     if (me == 1) pass_tiles(0);
-    sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
+    sm90::mbarrier_arrive(&s.merge_ready[me]);
+    if (kMergeRounds == 1 && me == 1) {  // nothing of consumer 0's to read
+      sm90::mbarrier_arrive(&s.merge_done[1]);
+      return;
+    }
+    // Both states: this consumer's other warps' sums and the other consumer's state.
+    sm90::mbarrier_wait(&s.merge_ready[me], phase);
+    sm90::mbarrier_wait(&s.merge_ready[1 - me], phase);
 
     // Each column's weights of the two states (their scale to the common max over the
     // normaliser): both consumers compute the same sums, in the same order of operands.
@@ -518,8 +554,12 @@ struct NarrowDecodeKernel {
 #pragma unroll
     for (int round = 0; round < kMergeRounds; ++round) {
       if (round > 0) {
-        if (me == 0) pass_tiles(round);
-        sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
+        if (me == 0) {
+          pass_tiles(round);
+          sm90::mbarrier_arrive(s.tiles_ready);
+        } else {
+          sm90::mbarrier_wait(s.tiles_ready, phase);
+        }
       }
       if (me != round) continue;
 #pragma unroll
@@ -547,6 +587,7 @@ struct NarrowDecodeKernel {
         }
       }
     }
+    sm90::mbarrier_arrive(&s.merge_done[me]);
   }
 };
 
