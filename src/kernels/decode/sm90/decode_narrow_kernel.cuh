@@ -184,10 +184,10 @@ struct NarrowDecodeKernel {
   // wgmma reads as its B operand; by both consumers. The thread index is read anew for each
   // piece: from threadIdx.x the compiler hoists the staging's per-thread offsets out of the piece
   // loop, and the 32-row consumer, with no register to hold them, spilled them.
-  static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int first_row) {
+  static __device__ void load_query(const DecodeParams& p, const Smem& s, int request) {
     uint32_t thread;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-    stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, first_row,
+    stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, 0,
                                                  static_cast<int>(thread) - kWarpgroupThreads, kConsumerThreads);
   }
 
@@ -252,11 +252,6 @@ struct NarrowDecodeKernel {
   };
 
   // One consumer warpgroup (me = 0 or 1): blocks b of each piece with b % 2 == me.
-  // The CTA's first query row of a request: grid x counts row tiles (one where dispatch sends
-  // requests of at most kRows rows). Read where needed rather than held: held, it and the query
-  // staging's offsets derived from it were spilled by the 32-row consumer.
-  static __device__ int first_row() { return blockIdx.x * kRows; }
-
   static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int part, int me) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -287,7 +282,7 @@ struct NarrowDecodeKernel {
       const int seq_len = p.seq_lens[piece.request];
       // Both consumers are done with the previous piece's query tile.
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
-      load_query(p, s, piece.request, first_row());
+      load_query(p, s, piece.request);
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 
       // Keys visible to each column's row t: k < seq_len - (q_len - 1) + t (context
@@ -301,9 +296,9 @@ struct NarrowDecodeKernel {
         sm90::fence_registers(out[i]);
       }
 
-      // Keys row t sees: seq_len - (q_len - 1) + t. The tile's first row sees the fewest: blocks
-      // below its limit need no masking.
-      const int min_limit = seq_len - p.q_len + 1 + first_row() / p.num_heads;
+      // Keys row t sees: seq_len - (q_len - 1) + t. Row 0 sees the fewest: blocks below its
+      // limit need no masking.
+      const int min_limit = seq_len - p.q_len + 1;
       const int num_blocks = max(piece.block_end - piece.block_begin, 0);
       // Block b of the piece to consumer b % 2: which blocks each consumer sums (and so the
       // result's bits) depends on the piece alone, not on what the part computed before it
@@ -339,7 +334,7 @@ struct NarrowDecodeKernel {
         if ((block + 1) * kBlockTokens > min_limit) {
 #pragma unroll
           for (int c = 0; c < kColumns; ++c) {
-            const int limit = seq_len - p.q_len + 1 + (first_row() + column_row(c)) / p.num_heads;
+            const int limit = min_limit + column_row(c) / p.num_heads;
             const int bound =
                 p.causal_seqs != nullptr ? context_parallel_limit(p, piece.request, seq_len, limit) : limit;
 #pragma unroll
@@ -464,7 +459,6 @@ struct NarrowDecodeKernel {
   // barrier of the two consumers as races (d45, session 10).
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
                                          const float (&out)[kMTiles][kScoreRegs], int me, int piece_index) {
-    const int first_row = NarrowDecodeKernel::first_row();
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     const int r = lane / 4;
     const uint32_t phase = piece_index & 1;
@@ -540,11 +534,10 @@ struct NarrowDecodeKernel {
       }
       weight_own[c] = scale_own * inv;
       weight_other[c] = scale_other * inv;
-      const int global_row = first_row + row;
-      const int token = global_row / p.num_heads, head = global_row % p.num_heads;
-      if (me == 0 && warp == 0 && r == 0 && global_row < p.num_rows) {
+      const int token = row / p.num_heads, head = row % p.num_heads;
+      if (me == 0 && warp == 0 && r == 0 && row < p.num_rows) {
         if (piece.slot >= 0) {
-          p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + global_row] = lse;
+          p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + row] = lse;
         } else if (p.lse != nullptr) {
           p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse;
         }
@@ -564,7 +557,7 @@ struct NarrowDecodeKernel {
       if (me != round) continue;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
-        const int row = first_row + column_row(c);
+        const int row = column_row(c);
         if (row >= p.num_rows) continue;
         const int token = row / p.num_heads, head = row % p.num_heads;
         const int r0 = 4 * (c / 2) + c % 2;
@@ -602,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // As decode_kernel: the plan is complete past the wait; the combine may launch after it.
   sm90::grid_dependency_wait();
   sm90::allow_dependent_launch();
-  const int part = blockIdx.y;  // blockIdx.x: the row tile (consumer_warpgroup)
+  const int part = blockIdx.y;  // grid x: one row tile (dispatch sends requests of <= kRows rows)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     sm90::warpgroup_reg_dealloc<Kernel::kProducerRegs>();
