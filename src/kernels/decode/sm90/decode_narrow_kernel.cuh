@@ -118,7 +118,7 @@ struct NarrowDecodeKernel {
     uint64_t full[kKStages];
     uint64_t kfree[kKStages];
     uint64_t merge_ready[2];  // per consumer: its state of the piece is in shared memory
-    uint64_t merge_done[2];   // per consumer: it has read the other's state
+    uint64_t merge_done[2];   // per consumer: it has read what it reads of the states (16 rows: consumer 0 only)
     uint64_t tiles_ready;     // 32 rows: consumer 0's round-1 tiles are in the merge area
   };
   static_assert(offsetof(SharedLayout, q) % 1024 == 0 && kQBytes % 512 == 0, "swizzle atoms");
@@ -462,10 +462,14 @@ struct NarrowDecodeKernel {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     const int r = lane / 4;
     const uint32_t phase = piece_index & 1;
-    // Both consumers (this one's other warps too) have read this one's previous state.
+    // Every reader of this consumer's previous state is done with it: consumer 0 (which reads
+    // both states) and, at 32 rows, consumer 1 (which reads consumer 0's too). At 16 rows
+    // consumer 1 reads nothing and does not arrive on merge_done[1]: an arrival that waits for
+    // nothing lets the barrier run two phases ahead of a parity wait, which then waits for a
+    // phase still to come (a hang).
     if (piece_index > 0) {
-      sm90::mbarrier_wait(&s.merge_done[me], phase ^ 1);
-      sm90::mbarrier_wait(&s.merge_done[1 - me], phase ^ 1);
+      sm90::mbarrier_wait(&s.merge_done[0], phase ^ 1);
+      if constexpr (kMergeRounds > 1) sm90::mbarrier_wait(&s.merge_done[1], phase ^ 1);
     }
     float* sums = s.warp_sums + me * 2 * 4 * kRows;
 #pragma unroll
@@ -492,10 +496,7 @@ struct NarrowDecodeKernel {
     };
     if (me == 1) pass_tiles(0);
     sm90::mbarrier_arrive(&s.merge_ready[me]);
-    if (kMergeRounds == 1 && me == 1) {  // nothing of consumer 0's to read
-      sm90::mbarrier_arrive(&s.merge_done[1]);
-      return;
-    }
+    if (kMergeRounds == 1 && me == 1) return;  // nothing of consumer 0's to read
     // Both states: this consumer's other warps' sums and the other consumer's state.
     sm90::mbarrier_wait(&s.merge_ready[me], phase);
     sm90::mbarrier_wait(&s.merge_ready[1 - me], phase);
