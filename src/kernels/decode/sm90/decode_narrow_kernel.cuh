@@ -544,7 +544,6 @@ struct NarrowDecodeKernel {
         }
       }
     }
-    const int dim_in_tile = 16 * warp + 2 * r;
 #pragma unroll
     for (int round = 0; round < kMergeRounds; ++round) {
       if (round > 0) {
@@ -556,28 +555,35 @@ struct NarrowDecodeKernel {
         }
       }
       if (me != round) continue;
+      // Each column's destination row is addressed once, its tiles at constant offsets from it:
+      // the merge runs once a piece, from a cold instruction cache under the KV stream, so its
+      // code is kept short (per-store 64-bit address arithmetic made it ~5000 instructions at
+      // 32 rows, and ncu showed the merge's warps stalled on instruction fetch).
+      const int first_dim = round * kMergeTiles * 64 + 16 * warp + 2 * r;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
         const int row = column_row(c);
         if (row >= p.num_rows) continue;
-        const int token = row / p.num_heads, head = row % p.num_heads;
         const int r0 = 4 * (c / 2) + c % 2;
         const float a = weight_own[c], b = weight_other[c];
+        float lo[kMergeTiles], hi[kMergeTiles];  // dims (first, first + 1) of the round's M tile k
 #pragma unroll
         for (int k = 0; k < kMergeTiles; ++k) {
           const int i = round * kMergeTiles + k;
-          const float lo = out[i][r0] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0) * kWarpgroupThreads * 4) * b;
-          const float hi =
-              out[i][r0 + 2] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0 + 2) * kWarpgroupThreads * 4) * b;
-          const int dim = 64 * i + dim_in_tile;
-          if (piece.slot >= 0) {
-            float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + dim;
-            *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-          } else {
-            uint16_t* dst = p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
-                            head * p.out_stride_head + dim;
-            *reinterpret_cast<uint32_t*>(dst) = sm90::pack_bf16x2(lo * p.output_scale, hi * p.output_scale);
-          }
+          lo[k] = out[i][r0] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0) * kWarpgroupThreads * 4) * b;
+          hi[k] = out[i][r0 + 2] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0 + 2) * kWarpgroupThreads * 4) * b;
+        }
+        if (piece.slot >= 0) {
+          float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + first_dim;
+#pragma unroll
+          for (int k = 0; k < kMergeTiles; ++k) *reinterpret_cast<float2*>(dst + 64 * k) = make_float2(lo[k], hi[k]);
+        } else {
+          const int token = row / p.num_heads, head = row % p.num_heads;
+          uint16_t* dst = p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
+                          head * p.out_stride_head + first_dim;
+#pragma unroll
+          for (int k = 0; k < kMergeTiles; ++k)
+            *reinterpret_cast<uint32_t*>(dst + 64 * k) = sm90::pack_bf16x2(lo[k] * p.output_scale, hi[k] * p.output_scale);
         }
       }
     }
