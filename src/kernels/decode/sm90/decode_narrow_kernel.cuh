@@ -564,8 +564,9 @@ struct NarrowDecodeKernel {
       if (me != round) continue;
       // Each column's destination row is addressed once, its tiles at constant offsets from it:
       // the merge runs once a piece, from a cold instruction cache under the KV stream, so its
-      // code is kept short (per-store 64-bit address arithmetic made it ~5000 instructions at
-      // 32 rows, and ncu showed the merge's warps stalled on instruction fetch).
+      // code is kept short (at 32 rows it was ~5000 instructions, per-store 64-bit address
+      // arithmetic and integer divisions among them, and ncu showed its warps stalled on
+      // instruction fetch).
       const int first_dim = round * kMergeTiles * 64 + 16 * warp + 2 * r;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
