@@ -60,7 +60,7 @@ struct NarrowFp8Traits {
   static constexpr bool kFp8 = true;
   static constexpr int kElemBytes = 1;
   // No V^T buffers: the stages take the shared memory (180 / 144 KB at 16 / 32 rows, beside the
-  // query tile and the 32 KB merge area).
+  // query tile and the ~34 KB merge staging area).
   static constexpr int kKStages = kRows == 16 ? 5 : 4;
   static constexpr int kLoadParts = 1;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
@@ -93,9 +93,12 @@ struct NarrowDecodeKernel {
   static constexpr int kColumns = kRows / 4;     // query columns of a thread: 2 per 8
   static constexpr int kMTiles = kLatentDim / 64;  // O^T: 8 tiles of 64 dims
   static constexpr int kValueSteps = kBlockTokens / 32;
-  // The consumers' O^T meet in kMergeRounds rounds of kMergeTiles M tiles (merge_and_store).
-  static constexpr int kMergeRounds = kRows == 32 ? 2 : 1;
-  static constexpr int kMergeTiles = kMTiles / kMergeRounds;
+  // The consumers' O^T meet in kMergeRounds rounds of kMergeTiles M tiles (merge_and_store):
+  // each round both stage their weighted tiles as rows of kStageStride floats (8 past the
+  // tiles' dims: the eight (row, dim pair) stores of a warp then fall in distinct bank halves).
+  static constexpr int kMergeTiles = kRows == 32 ? 2 : 4;
+  static constexpr int kMergeRounds = kMTiles / kMergeTiles;
+  static constexpr int kStageStride = kMergeTiles * 64 + 8;
   // The V^T fragments of a block take 64 registers; beside the 128 of O^T at 32 rows they do not
   // fit (halves of 32 spilled 108 bytes): there the block's O^T runs in four parts of two M
   // tiles, each part's fragments loaded once the previous part's wgmmas have read theirs.
@@ -111,15 +114,12 @@ struct NarrowDecodeKernel {
     uint8_t k[kKStages][kTileBytes];
     uint8_t q[kQBytes];
     uint8_t pt[2][kPtBytes];                    // per consumer
-    float merge_out[kMergeTiles * kScoreRegs][kWarpgroupThreads];  // one consumer's O^T tiles, register-major
+    alignas(16) float stage[2][kRows][kStageStride];  // per consumer: a round's weighted O tiles, row-major
     float merge_max[2][kRows];                  // per consumer: its column maxima
     float warp_max[2][4][kRows];                // per consumer and warp: a block's column maxima
     float warp_sums[2][2][4][kRows];            // per consumer, sum kind (exact, weights), warp
     uint64_t full[kKStages];
     uint64_t kfree[kKStages];
-    uint64_t merge_ready[2];  // per consumer: its state of the piece is in shared memory
-    uint64_t merge_done[2];   // per consumer: it has read what it reads of the states (16 rows: consumer 0 only)
-    uint64_t tiles_ready;     // 32 rows: consumer 0's round-1 tiles are in the merge area
   };
   static_assert(offsetof(SharedLayout, q) % 1024 == 0 && kQBytes % 512 == 0, "swizzle atoms");
   static constexpr int kSmemBytes = sizeof(SharedLayout) + 1024;
@@ -136,15 +136,12 @@ struct NarrowDecodeKernel {
     uint8_t* k;
     uint8_t* q;
     uint8_t* pt;
-    float* merge_out;
+    float* stage;
     float* merge_max;
     float* warp_max;
     float* warp_sums;
     uint64_t* full;
     uint64_t* kfree;
-    uint64_t* merge_ready;
-    uint64_t* merge_done;
-    uint64_t* tiles_ready;
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -153,30 +150,21 @@ struct NarrowDecodeKernel {
     s.k = base + offsetof(SharedLayout, k);
     s.q = base + offsetof(SharedLayout, q);
     s.pt = base + offsetof(SharedLayout, pt);
-    s.merge_out = reinterpret_cast<float*>(base + offsetof(SharedLayout, merge_out));
+    s.stage = reinterpret_cast<float*>(base + offsetof(SharedLayout, stage));
     s.merge_max = reinterpret_cast<float*>(base + offsetof(SharedLayout, merge_max));
     s.warp_max = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_max));
     s.warp_sums = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_sums));
     s.full = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, full));
     s.kfree = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, kfree));
-    s.merge_ready = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_ready));
-    s.merge_done = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_done));
-    s.tiles_ready = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, tiles_ready));
     return s;
   }
 
-  // A stage is read by one consumer: released by its four warps. The merge's barriers take an
-  // arrival from every thread of a consumer (each releases its own writes).
+  // A stage is read by one consumer: released by its four warps.
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages; ++i) {
       sm90::mbarrier_init(&s.full[i], Producer::kFullArrivals);
       sm90::mbarrier_init(&s.kfree[i], 4);
     }
-    for (int c = 0; c < 2; ++c) {
-      sm90::mbarrier_init(&s.merge_ready[c], kWarpgroupThreads);
-      sm90::mbarrier_init(&s.merge_done[c], kWarpgroupThreads);
-    }
-    sm90::mbarrier_init(s.tiles_ready, kWarpgroupThreads);
     sm90::fence_barrier_init();
   }
 
@@ -263,8 +251,7 @@ struct NarrowDecodeKernel {
     const uint64_t pt_desc = sm90::make_smem_desc(s.pt + me * kPtBytes, kPtCoreStride, kPtGroupStride,
                                                   sm90::SmemLayout::kInterleave);
     float* warp_max = s.warp_max + me * 4 * kRows;
-    int j = 0;            // block counter over the CTA's whole sequence (the same in both consumers)
-    int piece_index = 0;  // pieces merged so far: the merge barriers' phase
+    int j = 0;  // block counter over the CTA's whole sequence (the same in both consumers)
 
     auto retire_wgmmas = [&] {
       sm90::wgmma_wait<0>();
@@ -434,7 +421,7 @@ struct NarrowDecodeKernel {
       }
       retire_wgmmas();
       j += num_blocks;
-      merge_and_store(p, s, piece, st, out, me, piece_index++);
+      merge_and_store(p, s, piece, st, out, me);
     }
   }
 
@@ -454,82 +441,51 @@ struct NarrowDecodeKernel {
   }
 
   // The two consumers' states merged (the LSE merge) into the piece's output: final BF16 (x
-  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel. O^T passes
-  // through the merge area kMergeTiles M tiles at a time (32 rows: two rounds, so that the area
-  // takes 32 KB and a fourth K stage fits). Round 0: consumer 1 passes its tiles, consumer 0
-  // merges and stores them (and the LSE). Round 1: consumer 0 passes its later tiles, consumer 1
-  // merges and stores them. A slot of the area is only ever touched by the threads of the same
-  // index in both consumers, so a consumer's writes of round 1 follow its own reads of round 0
-  // with no barrier between. The hand-offs go through mbarriers (merge_ready, merge_done,
-  // tiles_ready: one phase a piece), which order each access pair between the consumers
-  // explicitly; compute-sanitizer's racecheck reported the same hand-offs through a named
-  // barrier of the two consumers as races (d45, session 10).
+  // output_scale) and LSE, or the FP32 partial and its LSE for the combine kernel. It runs once a
+  // piece, from a cold instruction cache under the KV stream (ncu: its warps stalled on
+  // instruction fetch; TRACE: 10-50 us a piece when it was ~2800 instructions unrolled per
+  // column and per store path), so its code is kept short: a row's weights are computed once,
+  // by the lane of that row, and the stores to global memory are one rolled loop over both
+  // consumers' staged tiles, 16 bytes of output a thread and step. Both consumers run every
+  // step; the named barrier of the two orders each hand-off.
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
-                                         const float (&out)[kMTiles][kScoreRegs], int me, int piece_index) {
+                                         const float (&out)[kMTiles][kScoreRegs], int me) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
-    const int r = lane / 4;
-    const uint32_t phase = piece_index & 1;
-    // Every reader of this consumer's previous state is done with it: consumer 0 (which reads
-    // both states) and, at 32 rows, consumer 1 (which reads consumer 0's too). At 16 rows
-    // consumer 1 reads nothing and does not arrive on merge_done[1]: an arrival that waits for
-    // nothing lets the barrier run two phases ahead of a parity wait, which then waits for a
-    // phase still to come (a hang).
-    if (piece_index > 0) {
-      sm90::mbarrier_wait(&s.merge_done[0], phase ^ 1);
-      if constexpr (kMergeRounds > 1) sm90::mbarrier_wait(&s.merge_done[1], phase ^ 1);
-    }
+    // This consumer's sums of each column over its warps, and its maxima (the same in every warp).
     float* sums = s.warp_sums + me * 2 * 4 * kRows;
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) {
       const float exact = warp_column_sum(st.exact[c]), weights = warp_column_sum(st.weights[c]);
-      if (r == 0) {
+      if (lane < 4) {
         sums[warp * kRows + column_row(c)] = exact;
         sums[4 * kRows + warp * kRows + column_row(c)] = weights;
+        if (warp == 0) s.merge_max[me * kRows + column_row(c)] = st.max[c];
       }
     }
-    if (warp == 0 && r == 0) {
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) s.merge_max[me * kRows + column_row(c)] = st.max[c];
-    }
-    // The merge area, register-major (shared-window addresses: the generic pointers cost 64-bit
-    // address registers the 32-row consumer does not have).
-    const uint32_t merge_slot = sm90::smem_u32(s.merge_out + t);
-    auto pass_tiles = [&](int round) {
-#pragma unroll
-      for (int i = 0; i < kMergeTiles; ++i)
-#pragma unroll
-        for (int v = 0; v < kScoreRegs; ++v)
-          sm90::st_shared_f32(merge_slot + (i * kScoreRegs + v) * kWarpgroupThreads * 4, out[round * kMergeTiles + i][v]);
-    };
-    if (me == 1) pass_tiles(0);
-    sm90::mbarrier_arrive(&s.merge_ready[me]);
-    if (kMergeRounds == 1 && me == 1) return;  // nothing of consumer 0's to read
-    // Both states: this consumer's other warps' sums and the other consumer's state.
-    sm90::mbarrier_wait(&s.merge_ready[me], phase);
-    sm90::mbarrier_wait(&s.merge_ready[1 - me], phase);
+    sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // both states in shared memory
 
-    // Each column's weights of the two states (their scale to the common max over the
-    // normaliser): both consumers compute the same sums, in the same order of operands.
-    float weight_own[kColumns], weight_other[kColumns];
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      const int row = column_row(c);
-      const float* own = s.warp_sums + me * 2 * 4 * kRows;
-      const float* other = s.warp_sums + (1 - me) * 2 * 4 * kRows;
+    // Row `lane % kRows`: both states' scales to their common max, over the normaliser (every
+    // lane computes them alike from the same values); this consumer's is then fetched for each
+    // of the thread's columns.
+    float my_weight;
+    {
+      const int row = lane % kRows;
       float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        exact[0] += own[w * kRows + row];
-        weights[0] += own[4 * kRows + w * kRows + row];
-        exact[1] += other[w * kRows + row];
-        weights[1] += other[4 * kRows + w * kRows + row];
+      for (int c = 0; c < 2; ++c) {
+        const float* state_sums = s.warp_sums + c * 2 * 4 * kRows;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          exact[c] += state_sums[w * kRows + row];
+          weights[c] += state_sums[4 * kRows + w * kRows + row];
+        }
       }
-      const float max_own = st.max[c], max_other = s.merge_max[(1 - me) * kRows + row];
-      const float m = fmaxf(max_own, max_other);
-      const float scale_own = max_own == -INFINITY ? 0.f : sm90::fast_exp2(max_own - m);
-      const float scale_other = max_other == -INFINITY ? 0.f : sm90::fast_exp2(max_other - m);
-      const float sum = exact[0] * scale_own + exact[1] * scale_other;
-      const float weight = weights[0] * scale_own + weights[1] * scale_other;
+      const float max0 = s.merge_max[row], max1 = s.merge_max[kRows + row];
+      const float m = fmaxf(max0, max1);
+      const float scale0 = max0 == -INFINITY ? 0.f : sm90::fast_exp2(max0 - m);
+      const float scale1 = max1 == -INFINITY ? 0.f : sm90::fast_exp2(max1 - m);
+      const float sum = exact[0] * scale0 + exact[1] * scale1;
+      const float weight = weights[0] * scale0 + weights[1] * scale1;
       float inv, lse;
       if (piece.num_blocks < 0) {
         inv = lse = NAN;
@@ -540,62 +496,71 @@ struct NarrowDecodeKernel {
         inv = 0.f;
         lse = -INFINITY;
       }
-      weight_own[c] = scale_own * inv;
-      weight_other[c] = scale_other * inv;
-      const int token = row_token(p, row), head = row - token * p.num_heads;
-      if (me == 0 && warp == 0 && r == 0 && row < p.num_rows) {
+      my_weight = (me == 0 ? scale0 : scale1) * inv;
+      if (me == 0 && warp == 0 && lane < kRows && row < p.num_rows) {
         if (piece.slot >= 0) {
           p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + row] = lse;
         } else if (p.lse != nullptr) {
+          const int token = row_token(p, row), head = row - token * p.num_heads;
           p.lse[piece.request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] = lse;
         }
       }
     }
+    float weight[kColumns];
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c) weight[c] = __shfl_sync(0xffffffffu, my_weight, column_row(c));
+
+    // Register 4j + 2h + e of tile i is (row 8j + 2(l%4) + e, dim 64i + 16w + 2(l/4) + h): the
+    // h pair is one 8-byte store, every store at a constant offset from the thread's first.
+    const uint32_t stage_base = sm90::smem_u32(s.stage);
+    const uint32_t my_stage = stage_base + me * kRows * kStageStride * 4 +
+                              ((2 * (lane % 4)) * kStageStride + 16 * warp + 2 * (lane / 4)) * 4;
+    constexpr int kUnitsPerRow = kMergeTiles * 64 / 8;  // 8 dims a unit: 16 bytes of BF16 output
+    const int thread = t + me * kWarpgroupThreads;
 #pragma unroll
     for (int round = 0; round < kMergeRounds; ++round) {
-      if (round > 0) {
-        if (me == 0) {
-          pass_tiles(round);
-          sm90::mbarrier_arrive(s.tiles_ready);
-        } else {
-          sm90::mbarrier_wait(s.tiles_ready, phase);
-        }
-      }
-      if (me != round) continue;
-      // Each column's destination row is addressed once, its tiles at constant offsets from it:
-      // the merge runs once a piece, from a cold instruction cache under the KV stream, so its
-      // code is kept short (at 32 rows it was ~5000 instructions, per-store 64-bit address
-      // arithmetic and integer divisions among them, and ncu showed its warps stalled on
-      // instruction fetch).
-      const int first_dim = round * kMergeTiles * 64 + 16 * warp + 2 * r;
+      // The previous round's stores have read the area.
+      if (round > 0) sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
 #pragma unroll
-      for (int c = 0; c < kColumns; ++c) {
-        const int row = column_row(c);
-        if (row >= p.num_rows) continue;
-        const int r0 = 4 * (c / 2) + c % 2;
-        const float a = weight_own[c], b = weight_other[c];
-        float lo[kMergeTiles], hi[kMergeTiles];  // dims (first, first + 1) of the round's M tile k
+      for (int k = 0; k < kMergeTiles; ++k)
 #pragma unroll
-        for (int k = 0; k < kMergeTiles; ++k) {
-          const int i = round * kMergeTiles + k;
-          lo[k] = out[i][r0] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0) * kWarpgroupThreads * 4) * b;
-          hi[k] = out[i][r0 + 2] * a + sm90::ld_shared_f32(merge_slot + (k * kScoreRegs + r0 + 2) * kWarpgroupThreads * 4) * b;
+        for (int c = 0; c < kColumns; ++c) {
+          const int r0 = 4 * (c / 2) + c % 2, i = round * kMergeTiles + k;
+          sm90::st_shared_f32x2(my_stage + ((8 * (c / 2) + c % 2) * kStageStride + 64 * k) * 4,
+                                make_float2(out[i][r0] * weight[c], out[i][r0 + 2] * weight[c]));
         }
+      sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // both consumers' tiles staged
+      for (int unit = thread; unit < kRows * kUnitsPerRow; unit += kConsumerThreads) {
+        const int row = unit / kUnitsPerRow, dim = (unit % kUnitsPerRow) * 8;
+        if (row >= p.num_rows) break;
+        const uint32_t at = stage_base + (row * kStageStride + dim) * 4;
+        float v[8];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint4 a = sm90::ld_shared_v4(at + 16 * half);
+          const uint4 b = sm90::ld_shared_v4(at + 16 * half + kRows * kStageStride * 4);
+          v[4 * half + 0] = __uint_as_float(a.x) + __uint_as_float(b.x);
+          v[4 * half + 1] = __uint_as_float(a.y) + __uint_as_float(b.y);
+          v[4 * half + 2] = __uint_as_float(a.z) + __uint_as_float(b.z);
+          v[4 * half + 3] = __uint_as_float(a.w) + __uint_as_float(b.w);
+        }
+        const int first_dim = round * kMergeTiles * 64 + dim;
         if (piece.slot >= 0) {
-          float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + first_dim;
-#pragma unroll
-          for (int k = 0; k < kMergeTiles; ++k) *reinterpret_cast<float2*>(dst + 64 * k) = make_float2(lo[k], hi[k]);
+          float4* dst = reinterpret_cast<float4*>(
+              p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + first_dim);
+          dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+          dst[1] = make_float4(v[4], v[5], v[6], v[7]);
         } else {
           const int token = row_token(p, row), head = row - token * p.num_heads;
-          uint16_t* dst = p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
-                          head * p.out_stride_head + first_dim;
-#pragma unroll
-          for (int k = 0; k < kMergeTiles; ++k)
-            *reinterpret_cast<uint32_t*>(dst + 64 * k) = sm90::pack_bf16x2(lo[k] * p.output_scale, hi[k] * p.output_scale);
+          const float scale = p.output_scale;
+          *reinterpret_cast<uint4*>(p.out + piece.request * p.out_stride_batch + token * p.out_stride_token +
+                                    head * p.out_stride_head + first_dim) =
+              make_uint4(sm90::pack_bf16x2(v[0] * scale, v[1] * scale), sm90::pack_bf16x2(v[2] * scale, v[3] * scale),
+                         sm90::pack_bf16x2(v[4] * scale, v[5] * scale), sm90::pack_bf16x2(v[6] * scale, v[7] * scale));
         }
       }
     }
-    sm90::mbarrier_arrive(&s.merge_done[me]);
+    // The next piece's first barrier orders this piece's last reads of the area before its writes.
   }
 };
 
