@@ -98,6 +98,7 @@ struct NarrowDecodeKernel {
   // tiles' dims: the eight (row, dim pair) stores of a warp then fall in distinct bank halves).
   static constexpr int kMergeTiles = kRows == 32 ? 2 : 4;
   static constexpr int kMergeRounds = kMTiles / kMergeTiles;
+  static_assert(kMergeRounds % 2 == 0, "merge_and_store's barrier parities assume an even round count");
   static constexpr int kStageStride = kMergeTiles * 64 + 8;
   // The V^T fragments of a block take 64 registers; beside the 128 of O^T at 32 rows they do not
   // fit (halves of 32 spilled 108 bytes): there the block's O^T runs in four parts of two M
@@ -120,6 +121,9 @@ struct NarrowDecodeKernel {
     float warp_sums[2][2][4][kRows];            // per consumer, sum kind (exact, weights), warp
     uint64_t full[kKStages];
     uint64_t kfree[kKStages];
+    uint64_t merge_sums;  // both consumers' sums and maxima of the piece are in shared memory
+    uint64_t staged;      // both consumers' tiles of a merge round are staged
+    uint64_t copied;      // the round's stores have read the staged tiles
   };
   static_assert(offsetof(SharedLayout, q) % 1024 == 0 && kQBytes % 512 == 0, "swizzle atoms");
   static constexpr int kSmemBytes = sizeof(SharedLayout) + 1024;
@@ -142,6 +146,9 @@ struct NarrowDecodeKernel {
     float* warp_sums;
     uint64_t* full;
     uint64_t* kfree;
+    uint64_t* merge_sums;
+    uint64_t* staged;
+    uint64_t* copied;
   };
 
   static __device__ Smem carve(uint8_t* raw) {
@@ -156,15 +163,20 @@ struct NarrowDecodeKernel {
     s.warp_sums = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_sums));
     s.full = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, full));
     s.kfree = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, kfree));
+    s.merge_sums = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_sums));
+    s.staged = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, staged));
+    s.copied = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, copied));
     return s;
   }
 
-  // A stage is read by one consumer: released by its four warps.
+  // A stage is read by one consumer: released by its four warps. The merge's barriers take an
+  // arrival from every consumer thread (each releases its own writes or reads).
   static __device__ void init_barriers(const Smem& s) {
     for (int i = 0; i < kKStages; ++i) {
       sm90::mbarrier_init(&s.full[i], Producer::kFullArrivals);
       sm90::mbarrier_init(&s.kfree[i], 4);
     }
+    for (uint64_t* barrier : {s.merge_sums, s.staged, s.copied}) sm90::mbarrier_init(barrier, kConsumerThreads);
     sm90::fence_barrier_init();
   }
 
@@ -251,7 +263,8 @@ struct NarrowDecodeKernel {
     const uint64_t pt_desc = sm90::make_smem_desc(s.pt + me * kPtBytes, kPtCoreStride, kPtGroupStride,
                                                   sm90::SmemLayout::kInterleave);
     float* warp_max = s.warp_max + me * 4 * kRows;
-    int j = 0;  // block counter over the CTA's whole sequence (the same in both consumers)
+    int j = 0;            // block counter over the CTA's whole sequence (the same in both consumers)
+    int piece_index = 0;  // pieces merged so far: the merge barriers' phases
 
     auto retire_wgmmas = [&] {
       sm90::wgmma_wait<0>();
@@ -421,7 +434,7 @@ struct NarrowDecodeKernel {
       }
       retire_wgmmas();
       j += num_blocks;
-      merge_and_store(p, s, piece, st, out, me);
+      merge_and_store(p, s, piece, st, out, me, piece_index++);
     }
   }
 
@@ -447,9 +460,13 @@ struct NarrowDecodeKernel {
   // column and per store path), so its code is kept short: a row's weights are computed once,
   // by the lane of that row, and the stores to global memory are one rolled loop over both
   // consumers' staged tiles, 16 bytes of output a thread and step. Both consumers run every
-  // step; the named barrier of the two orders each hand-off.
+  // step. The hand-offs go through mbarriers that every thread of both arrives on (one phase a
+  // piece, or a round): compute-sanitizer's racecheck reports hand-offs between the consumers
+  // through a named barrier as races (d45, session 10; and this merge's first version, d54).
+  // A thread waits only for a phase it has itself arrived on, so no barrier can run two phases
+  // ahead of a parity wait.
   static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
-                                         const float (&out)[kMTiles][kScoreRegs], int me) {
+                                         const float (&out)[kMTiles][kScoreRegs], int me, int piece_index) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     // This consumer's sums of each column over its warps, and its maxima (the same in every warp).
     float* sums = s.warp_sums + me * 2 * 4 * kRows;
@@ -462,7 +479,8 @@ struct NarrowDecodeKernel {
         if (warp == 0) s.merge_max[me * kRows + column_row(c)] = st.max[c];
       }
     }
-    sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // both states in shared memory
+    sm90::mbarrier_arrive(s.merge_sums);
+    sm90::mbarrier_wait(s.merge_sums, piece_index & 1);  // both states in shared memory
 
     // Row `lane % kRows`: both states' scales to their common max, over the normaliser (every
     // lane computes them alike from the same values); this consumer's is then fetched for each
@@ -519,8 +537,9 @@ struct NarrowDecodeKernel {
     const int thread = t + me * kWarpgroupThreads;
 #pragma unroll
     for (int round = 0; round < kMergeRounds; ++round) {
-      // The previous round's stores have read the area.
-      if (round > 0) sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
+      // The previous round's stores (this piece's or, at round 0, the previous piece's last) have
+      // read the area: with an even round count that phase's parity is (round - 1) & 1.
+      if (round > 0 || piece_index > 0) sm90::mbarrier_wait(s.copied, (round + 1) & 1);
 #pragma unroll
       for (int k = 0; k < kMergeTiles; ++k)
 #pragma unroll
@@ -529,7 +548,8 @@ struct NarrowDecodeKernel {
           sm90::st_shared_f32x2(my_stage + ((8 * (c / 2) + c % 2) * kStageStride + 64 * k) * 4,
                                 make_float2(out[i][r0] * weight[c], out[i][r0 + 2] * weight[c]));
         }
-      sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);  // both consumers' tiles staged
+      sm90::mbarrier_arrive(s.staged);
+      sm90::mbarrier_wait(s.staged, round & 1);  // both consumers' tiles staged
       for (int unit = thread; unit < kRows * kUnitsPerRow; unit += kConsumerThreads) {
         const int row = unit / kUnitsPerRow, dim = (unit % kUnitsPerRow) * 8;
         if (row >= p.num_rows) break;
@@ -559,8 +579,8 @@ struct NarrowDecodeKernel {
                          sm90::pack_bf16x2(v[4] * scale, v[5] * scale), sm90::pack_bf16x2(v[6] * scale, v[7] * scale));
         }
       }
+      sm90::mbarrier_arrive(s.copied);
     }
-    // The next piece's first barrier orders this piece's last reads of the area before its writes.
   }
 };
 
