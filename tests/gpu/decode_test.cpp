@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/captured_graph.h"
@@ -70,17 +71,25 @@ TEST_P(DecodeGpu, StridedPagesAndPadding) {
   check_case(s);
 }
 
+// (q_len, heads) pairs of 32 and of 16 query rows (FP8: the narrow kernels of 32 and 16 rows)
+// and of 16 rows as four draft tokens of four heads.
+constexpr std::pair<int64_t, int64_t> kWideAndNarrowRows[] = {{2, 16}, {1, 16}, {4, 4}};
+
 TEST_P(DecodeGpu, SharpSoftmax) {
-  DecodeProblemSpec s = spec_for(dtype(), 4, 2, 16, 64, 100, 3000, seed());
-  s.softmax_scale = 0.5f;  // scores of tens: a few keys dominate, the running max moves
-  check_case(s);
+  for (const auto& [q_len, heads] : kWideAndNarrowRows) {
+    DecodeProblemSpec s = spec_for(dtype(), 4, q_len, heads, 64, 100, 3000, seed());
+    s.softmax_scale = 0.5f;  // scores of tens: a few keys dominate, the running max moves
+    check_case(s);
+  }
 }
 
 TEST_P(DecodeGpu, EmptyAndShortRows) {
   // seq_len 0 (no key), seq_len < q_len (early draft tokens see nothing), exactly one block.
-  DecodeProblemSpec s = spec_for(dtype(), 5, 4, 16, 64, 1, 1, seed());
-  s.seq_lens = {0, 2, 4, 64, 65};
-  check_case(s);
+  for (int64_t heads : {16, 4}) {
+    DecodeProblemSpec s = spec_for(dtype(), 5, 4, heads, 64, 1, 1, seed());
+    s.seq_lens = {0, 2, 4, 64, 65};
+    check_case(s);
+  }
 }
 
 TEST_P(DecodeGpu, SplitHeavyLongSequence) {

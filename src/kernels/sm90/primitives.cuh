@@ -39,6 +39,9 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t address) {
 __device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
+__device__ __forceinline__ void st_shared_u8(uint32_t address, uint32_t v) {
+  asm volatile("st.shared.u8 [%0], %1;" ::"r"(address), "r"(v) : "memory");
+}
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(address));
@@ -125,6 +128,17 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
 // id 0 is __syncthreads; callers use ids >= 1. `threads` counts every participant.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// named_barrier_sync that also returns whether `pred` held in any participating thread: the
+// same answer in all of them (a condition every warp of a warpgroup takes alike).
+__device__ __forceinline__ bool named_barrier_or(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
 }
 // Counts this thread towards the barrier without waiting for it (the producer side of a
 // handshake whose other side calls named_barrier_sync with the same total).

@@ -23,6 +23,15 @@ inline constexpr int kChunkDims = 64;
 // 0.578; FP8 page 16 H=16 0.232 -> 0.202, H=128 0.445 -> 0.369 (page 64: 0.325 / 0.501 BF16,
 // 0.187 / 0.346 FP8). BF16 page 16 stays on TMA (0.593 at H=128, where page 1 copies take 0.60).
 constexpr int min_tma_page_tokens(bool fp8) { return fp8 ? 32 : 16; }
+// Query rows of the narrow FP8 kernel's tile (decode_narrow_kernel.cuh) for requests of `rows`
+// query rows (H·q_len), or 0 where the request runs on the 64-row kernel: FP8 caches loaded by
+// TMA, requests of at most 32 rows (H=16 q1 s_k 32K B=128: 0.614 ms against 0.662 on 64-row
+// tiles; larger requests as 32-row tiles side by side took 1.6-1.8x as long, each tile reading
+// the KV again; H200, 2026-12-02).
+constexpr int narrow_tile_rows(bool fp8, int page_size, long long rows) {
+  if (!fp8 || page_size < min_tma_page_tokens(true) || rows > 32) return 0;
+  return rows <= 16 ? 16 : 32;
+}
 inline constexpr int kNumChunks = 9;        // 576 / 64
 inline constexpr int kValueChunks = 8;      // the first 512 features are the values
 inline constexpr int kLatentDim = 512;

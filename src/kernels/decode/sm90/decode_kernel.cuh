@@ -38,6 +38,7 @@
 #include "kernels/decode/sm90/decode_producer.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
+#include "kernels/decode/sm90/query_tile.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/attention/fp8_transpose.cuh"
 #include "kernels/sm90/attention/probabilities.cuh"
@@ -121,7 +122,6 @@ struct DecodeKernel {
   static constexpr int kValueSteps = kBlockTokens / Traits::kMmaK;  // K steps of P·V per block
   static constexpr int kPRegs = 4 * kValueSteps;                    // P fragment registers
   static_assert(kPRegs == sm90::attention::kProbabilityRegs<Traits::kFp8, 32>);
-  static constexpr int kQPiecesPerRow = kRowDim * kE / 16;           // 16-byte pieces of a row
   static constexpr int kPiecesPerChunkRow = Producer::kPiecesPerChunkRow;
 
   // FP8 V^T: 512 value rows x 64 token positions, no swizzle. Core matrices (8 rows x 16 B) are
@@ -283,29 +283,11 @@ struct DecodeKernel {
     return r;
   }
 
-  // Stages the query tile of `request` in the swizzled layout the score wgmma reads; called by
-  // all threads of both consumers. The copies are asynchronous, so the tile costs about one
-  // global-memory latency rather than one per 16 bytes a thread moves: it runs between two
-  // pieces of a part, with the tensor cores idle. Rows past num_rows are zeros.
+  // Stages the query tile of `request` (query_tile.cuh); called by all threads of both
+  // consumers, between two pieces of a part, with the tensor cores idle.
   static __device__ void load_query(const DecodeParams& p, const Smem& s, int request, int row_tile) {
-    const int t = threadIdx.x - kWarpgroupThreads;
-    const uint8_t* q = static_cast<const uint8_t*>(p.q);
-    const uint32_t q_smem = sm90::smem_u32(s.q);
-    for (int i = t; i < kTileRows * kQPiecesPerRow; i += kConsumerThreads) {
-      const int r = i / kQPiecesPerRow, piece = i % kQPiecesPerRow;
-      const int row = row_tile * kTileRows + r;
-      const uint8_t* src = q;
-      if (row < p.num_rows) {
-        const int token = row / p.num_heads, head = row % p.num_heads;
-        const int64_t element = request * p.q_stride_batch + token * p.q_stride_token + head * p.q_stride_head;
-        src = q + element * kE + piece * 16;
-      }
-      const int chunk = piece / kPiecesPerChunkRow, in_row = piece % kPiecesPerChunkRow;
-      sm90::cp_async_16(q_smem + chunk * kChunkBytes + sm90::swizzled_piece_offset<Traits::kSwizzle>(r, in_row), src,
-                        row < p.num_rows ? 16u : 0u);
-    }
-    sm90::cp_async_wait_all();
-    sm90::fence_proxy_async_smem();
+    stage_query_tile<kTileRows, kE, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, row_tile * kTileRows,
+                                                      threadIdx.x - kWarpgroupThreads, kConsumerThreads);
   }
 
   // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
@@ -466,23 +448,6 @@ struct DecodeKernel {
       }
       __syncwarp();  // read before the next round overwrites the stage
     }
-  }
-
-  // Keys row i of a context-parallel request sees (decode.h): this rank's share of the global
-  // causal window, ceil((causal - rank - (q_len - 1) + t) / world), clamped to [max(0, limit),
-  // seq_len] where limit = seq_len - (q_len - 1) + t is the plain window of the local keys. A
-  // causal_seqs consistent with seq_len always lies inside, so the clamp only decides what an
-  // inconsistent one gives, and keeps every row's bound at or above the plain one: blocks the
-  // plain window shows whole need no masking either way. Computed only where a block is
-  // masked, from a fresh load of causal_seqs: a per-piece value held through the block loop
-  // costs the FP8 consumer registers it does not have (it spilled).
-  static __device__ int context_parallel_limit(const DecodeParams& p, int request, int seq_len, int limit) {
-    // (causal - rank) + (t - (q_len - 1)): each part inside int (causal clamped to >= 0, rank <
-    // 2^16, q_len <= 1024). Local key k (global rank + k·world) is seen iff k·world < global.
-    const int global = (max(p.causal_seqs[request], 0) - p.cp_rank) + (limit - seq_len);
-    const uint32_t n = static_cast<uint32_t>(global - 1);
-    const int last = static_cast<int>((__umulhi(n, p.cp_world_division.magic) + n) >> p.cp_world_division.shift);
-    return min(seq_len, max(limit, global <= 0 ? 0 : last + 1));
   }
 
   // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit

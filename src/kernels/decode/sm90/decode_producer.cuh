@@ -126,7 +126,8 @@ struct DecodeProducer {
     int valid, page_low, page_high;
   };
   static constexpr int kCopyWarpsPerStage = 4 / kKStages;
-  static_assert(kCopyWarpsPerStage == 1 || kCopyWarpsPerStage == 2, "rows of a block split in halves at most");
+  static_assert(kLoad == KvLoad::kTmaPages || kCopyWarpsPerStage == 1 || kCopyWarpsPerStage == 2,
+                "rows of a block split in halves at most");
   // Arrivals that complete a part's `full`: the TMA issuer's expect-tx, or every lane of the
   // stage's copy warps (copy_rows_producer).
   static constexpr int kFullArrivals = kLoad == KvLoad::kCopiedRows ? 32 * kCopyWarpsPerStage : 1;

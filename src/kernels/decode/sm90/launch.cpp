@@ -16,19 +16,29 @@ DecodeLaunchStatus run_decode(const DecodeLaunch& launch, cudaStream_t stream, D
   using Prepare = DecodeLaunchStatus (*)(const DecodeLaunch&, CUtensorMap*);
   using Launch = cudaError_t (*)(const CUtensorMap&, const DecodeParams&, cudaStream_t);
   const bool copied_rows = launch.page_size < min_tma_page_tokens(launch.fp8);
-  const Prepare prepare = launch.fp8 ? (copied_rows ? prepare_decode_fp8_copied_rows : prepare_decode_fp8)
-                                     : (copied_rows ? prepare_decode_bf16_copied_rows : prepare_decode_bf16);
-  const Launch launch_main = launch.fp8 ? (copied_rows ? launch_decode_fp8_copied_rows : launch_decode_fp8)
-                                        : (copied_rows ? launch_decode_bf16_copied_rows : launch_decode_bf16);
+  // FP8 requests of at most 32 query rows: the narrow kernel, which puts the rows in the wgmma's
+  // N rather than padding them to its M of 64 (config.h).
+  const int narrow = narrow_tile_rows(launch.fp8, launch.page_size, int64_t{launch.num_heads} * launch.q_len);
+  struct MainKernel {
+    Prepare prepare;
+    Launch launch;
+  };
+  const MainKernel main_kernel =
+      narrow == 16  ? MainKernel{prepare_decode_fp8_narrow16, launch_decode_fp8_narrow16}
+      : narrow == 32 ? MainKernel{prepare_decode_fp8_narrow32, launch_decode_fp8_narrow32}
+      : launch.fp8   ? (copied_rows ? MainKernel{prepare_decode_fp8_copied_rows, launch_decode_fp8_copied_rows}
+                                    : MainKernel{prepare_decode_fp8, launch_decode_fp8})
+                     : (copied_rows ? MainKernel{prepare_decode_bf16_copied_rows, launch_decode_bf16_copied_rows}
+                                    : MainKernel{prepare_decode_bf16, launch_decode_bf16});
   CUtensorMap kv_map;
-  DecodeLaunchStatus status = prepare(launch, &kv_map);
+  DecodeLaunchStatus status = main_kernel.prepare(launch, &kv_map);
   if (status.tensor_map != 0 || status.cuda != cudaSuccess) {
     cudaGetLastError();  // a failed runtime call also set the thread's last error: reported here instead
     return status;
   }
   const DecodeParams params = make_decode_params(launch);
   if (steps == DecodeSteps::kAll) run_decode_schedule(params, stream);
-  status.cuda = launch_main(kv_map, params, stream);
+  status.cuda = main_kernel.launch(kv_map, params, stream);
   if (status.cuda != cudaSuccess) return status;
   if (params.num_slots > 0) run_decode_combine(params, stream);
   status.cuda = cudaGetLastError();

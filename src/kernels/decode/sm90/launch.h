@@ -55,6 +55,12 @@ DecodeParams make_decode_params(const DecodeLaunch& launch);
 // cache's TMA map with the kernel traits' swizzle and box and sets the kernel's shared-memory
 // opt-in on the current device; launch_* launches it.
 // The *_copied_rows instantiations serve pages below min_tma_page_tokens (no TMA map).
+// FP8 requests of at most 16 / 32 query rows (num_heads · q_len), TMA pages: the narrow kernel
+// (decode_narrow_kernel.cuh).
+DecodeLaunchStatus prepare_decode_fp8_narrow16(const DecodeLaunch& launch, CUtensorMap* kv_map);
+DecodeLaunchStatus prepare_decode_fp8_narrow32(const DecodeLaunch& launch, CUtensorMap* kv_map);
+cudaError_t launch_decode_fp8_narrow16(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
+cudaError_t launch_decode_fp8_narrow32(const CUtensorMap& kv_map, const DecodeParams& params, cudaStream_t stream);
 DecodeLaunchStatus prepare_decode_fp8(const DecodeLaunch& launch, CUtensorMap* kv_map);
 DecodeLaunchStatus prepare_decode_bf16(const DecodeLaunch& launch, CUtensorMap* kv_map);
 DecodeLaunchStatus prepare_decode_fp8_copied_rows(const DecodeLaunch& launch, CUtensorMap* kv_map);

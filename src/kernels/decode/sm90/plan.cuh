@@ -21,6 +21,23 @@ __device__ __forceinline__ int valid_tokens_in_block(int seq_len, int block) {
   return min(kBlockTokens, seq_len - block * kBlockTokens);
 }
 
+// Keys row i of a context-parallel request sees (decode.h): this rank's share of the global
+// causal window, ceil((causal - rank - (q_len - 1) + t) / world), clamped to [max(0, limit),
+// seq_len] where limit = seq_len - (q_len - 1) + t is the plain window of the local keys. A
+// causal_seqs consistent with seq_len always lies inside, so the clamp only decides what an
+// inconsistent one gives, and keeps every row's bound at or above the plain one: blocks the
+// plain window shows whole need no masking either way. Computed only where a block is
+// masked, from a fresh load of causal_seqs: a per-piece value held through the block loop
+// costs the FP8 consumer registers it does not have (it spilled).
+__device__ __forceinline__ int context_parallel_limit(const DecodeParams& p, int request, int seq_len, int limit) {
+  // (causal - rank) + (t - (q_len - 1)): each part inside int (causal clamped to >= 0, rank <
+  // 2^16, q_len <= 1024). Local key k (global rank + k·world) is seen iff k·world < global.
+  const int global = (max(p.causal_seqs[request], 0) - p.cp_rank) + (limit - seq_len);
+  const uint32_t n = static_cast<uint32_t>(global - 1);
+  const int last = static_cast<int>((__umulhi(n, p.cp_world_division.magic) + n) >> p.cp_world_division.shift);
+  return min(seq_len, max(limit, global <= 0 ? 0 : last + 1));
+}
+
 // Every request costs at least one unit so that some CTA writes its (possibly empty) output.
 __device__ __forceinline__ int request_units(int num_blocks) { return num_blocks > 1 ? num_blocks : 1; }
 
