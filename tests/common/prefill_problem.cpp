@@ -95,6 +95,7 @@ std::string PrefillProblemSpec::label() const {
   os << dtype_name(dtype) << " " << name << " H=" << heads << "/" << kv_heads << (causal ? " causal" : " full")
      << " B=" << requests.size();
   if (head_pad || token_pad) os << " pad=" << head_pad << "," << token_pad;
+  if (v_layout == PrefillValueLayout::kFp8Transposed) os << " v-transposed";
   return os.str();
 }
 
@@ -117,6 +118,18 @@ PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec) {
   fill_normal(pb.v, pb.k_begin.back(), rng);
   pb.cu_q = cumulative(pb.q_begin);
   pb.cu_k = cumulative(pb.k_begin);
+  if (spec.v_layout == PrefillValueLayout::kFp8Transposed) {
+    const int64_t positions = (total_k + 15) / 16 * 16 + 16;
+    pb.v_transposed = HostTensor(spec.dtype, {spec.kv_heads, kPrefillVDim, positions});
+    fill_bytes(pb.v_transposed, 0xFF);  // NaN: positions no token owns
+    const auto* from = static_cast<const uint8_t*>(pb.v.data);
+    auto* to = pb.v_transposed.data<uint8_t>();
+    for (int64_t t = 0; t < total_k; ++t)
+      for (int64_t h = 0; h < spec.kv_heads; ++h)
+        for (int64_t d = 0; d < kPrefillVDim; ++d)
+          to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(static_cast<int>(t))] =
+              from[t * pb.v.strides[0] + h * pb.v.strides[1] + d];
+  }
   return pb;
 }
 
@@ -188,12 +201,17 @@ DevicePrefill::DevicePrefill(const PrefillProblem& pb)
   q = device_view_of(pb.q, pb.q_storage, q_storage);
   k = device_view_of(pb.k, pb.k_storage, k_storage);
   v = device_view_of(pb.v, pb.v_storage, v_storage);
+  if (pb.spec.v_layout == PrefillValueLayout::kFp8Transposed) {
+    v_transposed = DeviceTensor(pb.v_transposed);
+    v = v_transposed.view();
+  }
 }
 
 void DevicePrefill::run(const PrefillProblemSpec& s) {
   out.fill_bytes(0xFF);  // every element a request owns must be written
   lse.fill_bytes(0xFF);
-  mla_prefill(q, k, v, cu_q.view(), cu_k.view(), out.view(), lse.view(), s.causal, s.softmax_scale, s.output_scale);
+  mla_prefill(q, k, v, s.v_layout, cu_q.view(), cu_k.view(), out.view(), lse.view(), s.causal, s.softmax_scale,
+              s.output_scale);
   const cudaError_t status = cudaDeviceSynchronize();
   if (status != cudaSuccess) throw std::runtime_error(std::string("mla_prefill: ") + cudaGetErrorString(status));
 }

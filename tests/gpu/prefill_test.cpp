@@ -208,6 +208,25 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
   }
 }
 
+// FP8 values already transposed (PrefillValueLayout::kFp8Transposed), the kernel that reads them
+// as they arrive: the ragged edge cases (requests starting off the layout's 16-token groups, so
+// first blocks hold other requests' tokens; NaN in the spare rows and in positions no token
+// owns, which must not reach any output), and many small requests, against the same reference.
+TEST(PrefillGpuTransposedValues, RaggedEdgeCasesAndManySmallRequests) {
+  SPEEDMLA_REQUIRE_GPU();
+  for (bool causal : {true, false})
+    for (int64_t heads : {16, 128})
+      for (int64_t kv_heads : {heads, int64_t{1}}) {
+        PrefillProblemSpec spec = make_spec("edges", DType::kFloat8E4M3, heads, kv_heads, causal, edge_requests(heads));
+        spec.v_layout = PrefillValueLayout::kFp8Transposed;
+        check_case(spec);
+        std::mt19937_64 rng = case_rng("many-small lengths");
+        spec = make_spec("many-small", DType::kFloat8E4M3, heads, kv_heads, causal, many_small_requests(rng));
+        spec.v_layout = PrefillValueLayout::kFp8Transposed;
+        check_case(spec);
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
                          DtypeParamName());
 
