@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "common/prefill_problem.h"
 #include "common/util.h"
 #include "speedmla/error.h"
 #include "speedmla/prefill.h"
+#include "speedmla/quantize.h"
 
 namespace speedmla::test {
 namespace {
@@ -44,6 +46,37 @@ TEST(PrefillValueLayout, PositionsFollowThePFragmentOrder) {
   }
 }
 
+// pack_prefill_kv's reference writing the layout: each value at its position, after the same
+// conversion as the token-major pack; the last group's missing tokens as zeros; positions past
+// that group untouched.
+TEST(PrefillValueLayout, PackWritesTheTransposedLayout) {
+  constexpr int64_t kTokens = 21, kHeads = 3, kNope = kPrefillQkDim - 64;
+  std::mt19937_64 rng(11);
+  HostTensor k_nope(DType::kBFloat16, {kTokens, kHeads, kNope}), k_rope(DType::kBFloat16, {kTokens, 64});
+  HostTensor v(DType::kBFloat16, {kTokens, kHeads, kPrefillVDim});
+  for (HostTensor* t : {&k_nope, &k_rope, &v}) fill_uniform(*t, rng, -4.0, 4.0);
+  HostTensor k_out(DType::kFloat8E4M3, {kTokens, kHeads, kPrefillQkDim});
+  HostTensor v_plain(DType::kFloat8E4M3, {kTokens, kHeads, kPrefillVDim});
+  pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k_out.view(), v_plain.view(), 1.f, 0.5f);
+  constexpr int64_t kPositions = 48;  // the tokens' two groups, and one more
+  HostTensor k_out_t(DType::kFloat8E4M3, {kTokens, kHeads, kPrefillQkDim});
+  HostTensor v_t(DType::kFloat8E4M3, {kHeads, kPrefillVDim, kPositions});
+  fill_bytes(v_t, 0x55);
+  pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k_out_t.view(), v_t.view(),
+                  PrefillValueLayout::kFp8Transposed, 1.f, 0.5f);
+  EXPECT_EQ(std::memcmp(k_out.data<uint8_t>(), k_out_t.data<uint8_t>(), k_out.nbytes()), 0);
+  const uint8_t* plain = v_plain.data<uint8_t>();
+  const uint8_t* transposed = v_t.data<uint8_t>();
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t d = 0; d < kPrefillVDim; ++d)
+      for (int64_t t = 0; t < kPositions; ++t) {
+        const uint8_t expected = t < kTokens ? plain[(t * kHeads + h) * kPrefillVDim + d] : t < 32 ? 0 : 0x55;
+        ASSERT_EQ(transposed[(h * kPrefillVDim + d) * kPositions + fp8_transposed_value_position(static_cast<int>(t))],
+                  expected)
+            << "token " << t << " head " << h << " dim " << d;
+      }
+}
+
 // Runs `call` and expects an Error whose message contains `fragment`.
 template <typename Call>
 void expect_error(Call call, const std::string& fragment) {
@@ -73,6 +106,22 @@ TEST(PrefillValueLayout, RefusesWhatTheLayoutCannotHold) {
   expect_error([&] { call(pb.v_transposed.view(), PrefillValueLayout::kTokenMajor); }, "v");
   // Not a layout.
   expect_error([&] { call(pb.v, static_cast<PrefillValueLayout>(7)); }, "v_layout");
+}
+
+TEST(PrefillValueLayout, PackRefusesWhatTheLayoutCannotHold) {
+  HostTensor k_nope(DType::kBFloat16, {5, 2, kPrefillQkDim - 64}), k_rope(DType::kBFloat16, {5, 64});
+  HostTensor v(DType::kBFloat16, {5, 2, kPrefillVDim});
+  HostTensor k_fp8(DType::kFloat8E4M3, {5, 2, kPrefillQkDim}), k_bf16(DType::kBFloat16, {5, 2, kPrefillQkDim});
+  HostTensor v_t(DType::kFloat8E4M3, {2, kPrefillVDim, 16}), v_t_short(DType::kFloat8E4M3, {2, kPrefillVDim, 4});
+  HostTensor v_t_bf16(DType::kBFloat16, {2, kPrefillVDim, 16}), v_t_heads(DType::kFloat8E4M3, {3, kPrefillVDim, 16});
+  auto pack = [&](const HostTensor& k_out, const HostTensor& v_out) {
+    pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k_out.view(), v_out.view(),
+                    PrefillValueLayout::kFp8Transposed);
+  };
+  expect_error([&] { pack(k_bf16, v_t_bf16); }, "v_layout kFp8Transposed needs FP8");
+  expect_error([&] { pack(k_fp8, v_t_short); }, "v_out.shape[2]");
+  expect_error([&] { pack(k_fp8, v_t_heads); }, "v_out");
+  EXPECT_NO_THROW(pack(k_fp8, v_t));
 }
 
 TEST(PrefillValueLayout, TransposedValuesAreFp8Only) {
