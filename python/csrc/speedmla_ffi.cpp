@@ -130,13 +130,17 @@ void mla_decode(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView blo
   });
 }
 
-void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v,
+// v_transposed: v in speedmla::PrefillValueLayout::kFp8Transposed.
+void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v, bool v_transposed,
                  ffi::TensorView cu_seqlens_q, ffi::TensorView cu_seqlens_k, ffi::TensorView out,
                  ffi::Optional<ffi::TensorView> lse, bool causal, double softmax_scale,
                  double output_scale) {
   translating_errors("mla_prefill", [&] {
     const speedmla::TensorView q_view = view(q, "q");
-    speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
+    speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"),
+                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                       : speedmla::PrefillValueLayout::kTokenMajor,
+                          view(cu_seqlens_q, "cu_seqlens_q"),
                           view(cu_seqlens_k, "cu_seqlens_k"), view(out, "out"), view(lse, "lse"),
                           causal, static_cast<float>(softmax_scale),
                           static_cast<float>(output_scale), stream_of(q_view.device));
@@ -181,13 +185,17 @@ void quantize_fp8(ffi::TensorView x, ffi::TensorView out, double scale_inv) {
   });
 }
 
+// v_transposed: v_out in speedmla::PrefillValueLayout::kFp8Transposed.
 void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::TensorView v,
-                     ffi::TensorView k_out, ffi::TensorView v_out, double k_scale_inv,
+                     ffi::TensorView k_out, ffi::TensorView v_out, bool v_transposed, double k_scale_inv,
                      double v_scale_inv) {
   translating_errors("pack_prefill_kv", [&] {
     const speedmla::TensorView nope = view(k_nope, "k_nope");
     speedmla::pack_prefill_kv(nope, view(k_rope, "k_rope"), view(v, "v"), view(k_out, "k_out"),
-                              view(v_out, "v_out"), static_cast<float>(k_scale_inv),
+                              view(v_out, "v_out"),
+                              v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                           : speedmla::PrefillValueLayout::kTokenMajor,
+                              static_cast<float>(k_scale_inv),
                               static_cast<float>(v_scale_inv), stream_of(nope.device));
   });
 }
