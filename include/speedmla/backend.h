@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "speedmla/chunked_prefill.h"
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla {
@@ -246,6 +247,13 @@ class MlaBackend {
                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                               bool causal, float softmax_scale, const TensorView& out,
                               const TensorView& lse, Stream stream = nullptr);
+  // The same with v in `v_layout` (prefill.h): kFp8Transposed takes FP8 values
+  // [H, 128, T] as pack_prefill_kv writes them in that layout, which the GPU kernel reads
+  // without transposing them (the faster FP8 prefill).
+  void forward_extend_chunked(const TensorView& q, const TensorView& k, const TensorView& v,
+                              PrefillValueLayout v_layout, const TensorView& cu_seqlens_q,
+                              const TensorView& cu_seqlens_k, bool causal, float softmax_scale,
+                              const TensorView& out, const TensorView& lse, Stream stream = nullptr);
 
   // Adds the cached prefixes of the current extend batch to (out, lse), which hold the
   // attention of the new tokens to themselves (forward_extend_chunked, causal). For each loop of

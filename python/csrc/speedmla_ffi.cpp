@@ -441,11 +441,13 @@ void backend_forward_decode(Backend b, ffi::TensorView q, ffi::TensorView kv_cac
 }
 
 void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorView k,
-                                    ffi::TensorView v, ffi::TensorView cu_seqlens_q,
+                                    ffi::TensorView v, bool v_transposed, ffi::TensorView cu_seqlens_q,
                                     ffi::TensorView cu_seqlens_k, bool causal, double softmax_scale,
                                     ffi::TensorView out, ffi::TensorView lse) {
   translating_errors("MlaBackend::forward_extend_chunked", [&] {
     (*b).forward_extend_chunked(view(q, "q"), view(k, "k"), view(v, "v"),
+                                v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                             : speedmla::PrefillValueLayout::kTokenMajor,
                                 view(cu_seqlens_q, "cum_seq_lens_q"),
                                 view(cu_seqlens_k, "cum_seq_lens_kv"), causal,
                                 static_cast<float>(softmax_scale), view(out, "out"),

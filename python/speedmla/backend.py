@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from . import _tensors as tz
 from ._native import Error, lib
-from .ops import CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM
+from .ops import CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM, _value_layout_transposed
 
 DEFAULT_CHUNKED_PREFILL_CAPACITY = 8192 * 4
 
@@ -378,7 +378,8 @@ class MlaBackend:
 
     def forward_extend_chunked(self, q, k, v, scaling: float, logits_soft_cap=None, *,
                                cum_seq_lens_q, cum_seq_lens_kv, max_q_len=None, max_kv_len=None,
-                               seq_lens=None, batch_size=None, causal: bool, out=None):
+                               seq_lens=None, batch_size=None, causal: bool, out=None,
+                               v_layout: str = "token_major"):
         """Ragged prefill attention of this rank's H heads, returning (out, lse) like the seed.
 
         Args:
@@ -387,6 +388,9 @@ class MlaBackend:
             cum_seq_lens_q, cum_seq_lens_kv: [B+1] int32.
             causal: bottom-right aligned (the new tokens' own part); False for a prefix chunk.
             out: optional [Σq, H, 128] BF16.
+            v_layout: "token_major" (default), or "fp8_transposed": v FP8 [H, 128, T] as
+                pack_prefill_kv(..., v_layout="fp8_transposed") writes it, which the GPU kernel
+                reads without transposing (speedmla.ops.mla_prefill).
             max_q_len, max_kv_len, seq_lens, batch_size: accepted for the seed's signature;
                 the kernels read the cumulative lengths.
             logits_soft_cap: must be None or 0 (MLA models use none).
@@ -399,16 +403,20 @@ class MlaBackend:
         heads = self.num_local_heads
         q = tz.reshape(q, (-1, heads, PREFILL_QK_DIM))
         k = tz.reshape(k, (-1, heads, PREFILL_QK_DIM))
-        v = tz.reshape(v, (-1, heads, PREFILL_V_DIM))
+        transposed = _value_layout_transposed(v_layout)
+        if not transposed:
+            v = tz.reshape(v, (-1, heads, PREFILL_V_DIM))
         if tz.dtype_name(q) == "float8_e4m3fn":
-            k, v = tz.to_dtype(k, "float8_e4m3fn"), tz.to_dtype(v, "float8_e4m3fn")
+            k = tz.to_dtype(k, "float8_e4m3fn")
+            if not transposed:
+                v = tz.to_dtype(v, "float8_e4m3fn")
         total_q = tz.shape(q)[0]
         if out is None:
             out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
         else:
             out_arg = tz.arg(out)
         lse, _ = tz.empty(q, (total_q, heads), "float32")
-        lib().backend_forward_extend_chunked(self._handle, tz.arg(q), tz.arg(k), tz.arg(v),
+        lib().backend_forward_extend_chunked(self._handle, tz.arg(q), tz.arg(k), tz.arg(v), transposed,
                                              cum_seq_lens_q, cum_seq_lens_kv, bool(causal),
                                              float(scaling), out_arg, lse)
         return out, lse

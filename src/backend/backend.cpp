@@ -596,10 +596,18 @@ void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k
                                         const TensorView& cu_seqlens_k, bool causal,
                                         float softmax_scale, const TensorView& out,
                                         const TensorView& lse, Stream stream) {
+  forward_extend_chunked(q, k, v, PrefillValueLayout::kTokenMajor, cu_seqlens_q, cu_seqlens_k, causal,
+                         softmax_scale, out, lse, stream);
+}
+
+void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        PrefillValueLayout v_layout, const TensorView& cu_seqlens_q,
+                                        const TensorView& cu_seqlens_k, bool causal, float softmax_scale,
+                                        const TensorView& out, const TensorView& lse, Stream stream) {
   const ArgChecker c("MlaBackend::forward_extend_chunked");
   c.defined(q, "q", 3);
   c.dim(q, "q", 1, impl_->config.num_local_heads());
-  mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, 1.0f, stream);
+  mla_prefill(q, k, v, v_layout, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, 1.0f, stream);
 }
 
 void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_cache,

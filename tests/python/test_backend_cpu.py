@@ -214,6 +214,23 @@ def test_chunked_prefill_over_several_loops_equals_one_shot(rng):
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
 
 
+def test_forward_extend_chunked_takes_fp8_transposed_values(rng):
+    heads = 2
+    backend = speedmla.MlaBackend(config(num_heads=heads, tp_size=1))
+    cu = np.array([0, 7, 7, 30], np.int32)
+    k_nope = rng.uniform(-2, 2, (30, heads, 128)).astype(np.float32)
+    k_rope = rng.uniform(-2, 2, (30, 64)).astype(np.float32)
+    v = rng.uniform(-2, 2, (30, heads, 128)).astype(np.float32)
+    k, v_plain = speedmla.pack_prefill_kv(k_nope, k_rope, v)
+    _, v_t = speedmla.pack_prefill_kv(k_nope, k_rope, v, v_layout="fp8_transposed")
+    q = speedmla.quantize_fp8(rng.uniform(-2, 2, (30, heads, 192)).astype(np.float32))
+    out, lse = backend.forward_extend_chunked(q, k, v_plain, 0.1, None, cum_seq_lens_q=cu, cum_seq_lens_kv=cu,
+                                              causal=True)
+    out_t, lse_t = backend.forward_extend_chunked(q, k, v_t, 0.1, None, cum_seq_lens_q=cu, cum_seq_lens_kv=cu,
+                                                  causal=True, v_layout="fp8_transposed")
+    assert np.array_equal(out, out_t) and np.array_equal(lse, lse_t)
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(tp_size=3), "must be a multiple of config.tp_size"),
     (dict(num_heads=256, tp_size=1), "heads per rank"),
