@@ -166,7 +166,9 @@ TEST_P(PrefillGpu, StridedViews) {
 
 // mla_prefill reads the lengths on the device and neither synchronises nor allocates: captured
 // once in a CUDA graph, it replays batches of other lengths (same buffers, same B) correctly.
-TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+// FP8 also with values in the kFp8Transposed layout (whose kernel shifts blocks by each
+// request's first key: read on the device too).
+void check_graph_replay(DType dtype, PrefillValueLayout v_layout) {
   // Each batch has as many query rows as key rows, so that one set of buffers (600 rows, the rest
   // spare) serves all three.
   const std::vector<std::vector<PrefillLengths>> batches = {
@@ -177,7 +179,8 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
   const int64_t rows = 600;
   std::vector<PrefillProblem> problems;
   for (size_t i = 0; i < batches.size(); ++i) {
-    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype(), 16, 16, true, batches[i]);
+    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype, 16, 16, true, batches[i]);
+    spec.v_layout = v_layout;
     int64_t used = 0;
     for (const PrefillLengths& r : batches[i]) used += r.q;
     spec.spare_rows = rows - used;
@@ -187,8 +190,8 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
   const PrefillProblemSpec& s = problems[0].spec;
   CapturedGraph graph;
   const std::string refused = graph.capture([&] {
-    mla_prefill(dev.q, dev.k, dev.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), s.causal,
-                s.softmax_scale, s.output_scale, graph.handle());
+    mla_prefill(dev.q, dev.k, dev.v, s.v_layout, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(),
+                s.causal, s.softmax_scale, s.output_scale, graph.handle());
   });
   ASSERT_TRUE(refused.empty()) << refused;
   ASSERT_EQ(graph.ended(), cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
@@ -196,6 +199,7 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     dev.q_storage.upload(pb.q_storage);
     dev.k_storage.upload(pb.k_storage);
     dev.v_storage.upload(pb.v_storage);
+    if (v_layout == PrefillValueLayout::kFp8Transposed) dev.v_transposed.upload(pb.v_transposed);
     dev.cu_q.upload(pb.cu_q);
     dev.cu_k.upload(pb.cu_k);
     dev.out.fill_bytes(0xFF);
@@ -204,8 +208,13 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     ASSERT_EQ(graph.replay(), cudaSuccess);
     const PrefillErrors errors = compare_prefill(pb, dev.download(), prefill_reference(pb));
     report(pb, errors.worst_out, errors.worst_lse, "(graph replay)");
-    expect_within(pb, errors, bounds(dtype()));
+    expect_within(pb, errors, bounds(dtype));
   }
+}
+
+TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+  check_graph_replay(dtype(), PrefillValueLayout::kTokenMajor);
+  if (dtype() == DType::kFloat8E4M3) check_graph_replay(dtype(), PrefillValueLayout::kFp8Transposed);
 }
 
 // FP8 values already transposed (PrefillValueLayout::kFp8Transposed), the kernel that reads them
