@@ -114,9 +114,13 @@ using PrefixExpander =
 struct PrefixScratch {
   TensorView latent;  // [>= rows, 576] BF16
   TensorView k;       // [>= rows, H, 192] q's dtype, contiguous
-  TensorView v;       // [>= rows, H, 128] q's dtype, contiguous
+  TensorView v;       // [>= rows, H, 128] q's dtype, contiguous; or, with v_layout kFp8Transposed
+                      // (FP8, prefill.h), [H, 128, P] with P >= rows a multiple of 16, which
+                      // expand fills in that layout (pack_prefill_kv's v_layout) and is passed
+                      // whole (positions past a loop's tokens are ignored)
   TensorView out;     // [>= total_q, H, 128] BF16: one loop's partial output
   TensorView lse;     // [>= total_q, H] FP32: its log-sum-exp
+  PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;
 };
 
 class MlaBackend {

@@ -459,7 +459,7 @@ void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorVie
 void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView kv_cache,
                                   double k_scale, ffi::Function expand,
                                   ffi::TensorView scratch_latent, ffi::TensorView scratch_k,
-                                  ffi::TensorView scratch_v, ffi::TensorView scratch_out,
+                                  ffi::TensorView scratch_v, bool v_transposed, ffi::TensorView scratch_out,
                                   ffi::TensorView scratch_lse, ffi::TensorView out,
                                   ffi::TensorView lse, double softmax_scale) {
   translating_errors("MlaBackend::attend_cached_prefix", [&] {
@@ -471,7 +471,9 @@ void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView 
     const speedmla::PrefixScratch scratch{view(scratch_latent, "scratch latent"),
                                           view(scratch_k, "scratch k"), view(scratch_v, "scratch v"),
                                           view(scratch_out, "scratch out"),
-                                          view(scratch_lse, "scratch lse")};
+                                          view(scratch_lse, "scratch lse"),
+                                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                                       : speedmla::PrefillValueLayout::kTokenMajor};
     (*b).attend_cached_prefix(view(q, "q"), view(kv_cache, "kv_cache"), static_cast<float>(k_scale),
                               expander, scratch, view(out, "out"), view(lse, "lse"),
                               static_cast<float>(softmax_scale), b.stream());

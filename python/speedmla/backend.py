@@ -422,7 +422,7 @@ class MlaBackend:
         return out, lse
 
     def attend_cached_prefix(self, q, kv_cache, expand: Callable, out, lse, scaling: float,
-                             k_scale: float = 1.0):
+                             k_scale: float = 1.0, v_layout: str = "token_major"):
         """Adds the cached prefixes of the current extend batch to (out, lse), in place.
 
         (out, lse) hold the new tokens' causal attention to themselves (forward_extend_chunked).
@@ -436,10 +436,15 @@ class MlaBackend:
             q: [Σq, H, 192] FP8 or BF16, Σq = the batch's new tokens.
             kv_cache: [num_pages, page_size, 576] (or a flat [slots, 1, 576] view).
             out: [Σq, H, 128] BF16 and lse: [Σq, H] FP32, read and written.
+            v_layout: "token_major" (default), or "fp8_transposed" (FP8 q): expand then gets v as
+                [H, 128, P] (P the loop rows rounded up to 16) to fill in that layout, e.g. with
+                pack_prefill_kv(..., v_out=v, v_layout="fp8_transposed"), which the GPU kernel
+                reads without transposing it.
 
         Returns:
             (out, lse)
         """
+        transposed = _value_layout_transposed(v_layout)
         metadata = self.chunked_prefill_metadata
         if metadata is None:
             raise Error("MlaBackend.attend_cached_prefix: no extend metadata; call "
@@ -448,7 +453,8 @@ class MlaBackend:
         dtype, total_q = tz.dtype_name(q), tz.shape(out)[0]
         scratch = [tz.empty(q, (rows, CACHE_ROW_DIM), "bfloat16")[1],
                    tz.empty(q, (rows, heads, PREFILL_QK_DIM), dtype)[1],
-                   tz.empty(q, (rows, heads, PREFILL_V_DIM), dtype)[1],
+                   tz.empty(q, (heads, PREFILL_V_DIM, (rows + 15) // 16 * 16) if transposed
+                            else (rows, heads, PREFILL_V_DIM), dtype)[1],
                    tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")[1],
                    tz.empty(q, (total_q, heads), "float32")[1]]
 
@@ -457,6 +463,6 @@ class MlaBackend:
 
         kv_cache = tz.reshape(kv_cache, (-1, self.page_size, CACHE_ROW_DIM))
         lib().backend_attend_cached_prefix(self._handle, tz.arg(q), tz.arg(kv_cache), float(k_scale),
-                                           expand_in_framework, *scratch, tz.arg(out), lse,
+                                           expand_in_framework, *scratch[:3], transposed, *scratch[3:], tz.arg(out), lse,
                                            float(scaling))
         return out, lse
