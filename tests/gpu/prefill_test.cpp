@@ -236,6 +236,18 @@ TEST(PrefillGpuTransposedValues, RaggedEdgeCasesAndManySmallRequests) {
       }
 }
 
+// A small batch of the same kind, quick enough for compute-sanitizer (gpu-check.sh --sanitize):
+// requests starting off the layout's groups, tails past them, empty ones.
+TEST(PrefillGpuTransposedValues, SmallRaggedBatch) {
+  SPEEDMLA_REQUIRE_GPU();
+  const std::vector<PrefillLengths> requests = {{0, 17}, {5, 0}, {1, 300}, {150, 70}, {70, 150}, {65, 65}, {0, 9}};
+  for (bool causal : {true, false}) {
+    PrefillProblemSpec spec = make_spec("small", DType::kFloat8E4M3, 16, causal ? 16 : 1, causal, requests);
+    spec.v_layout = PrefillValueLayout::kFp8Transposed;
+    check_case(spec);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, PrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),
                          DtypeParamName());
 
