@@ -127,8 +127,8 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, 
   check.dim(q, "q", 2, kPrefillQkDim);
   check.dim(k, "k", 2, kPrefillQkDim);
   if (transposed) {
-    check.require(q.dtype == DType::kFloat8E4M3, "v_layout kFp8Transposed needs FP8 e4m3 q, k and v, got ",
-                  dtype_name(q.dtype));
+    check.require(q.dtype == DType::kFloat8E4M3, "q (and k, v) must be FP8 e4m3 with v_layout kFp8Transposed ",
+                  "(an FP8 layout), got ", dtype_name(q.dtype));
     check.dim(v, "v", 0, num_kv_heads);
     check.dim(v, "v", 1, kPrefillVDim);
     check.require(v.size(2) >= total_k && v.size(2) % 16 == 0, "v.shape[2] (kFp8Transposed: token positions) ",

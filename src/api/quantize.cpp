@@ -145,8 +145,8 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   check_rows(v, "v", kPrefillVDim, kActivationDtypes);
   check_rows(k_out, "k_out", kPrefillQkDim, {DType::kFloat8E4M3, DType::kBFloat16});
   if (transposed) {
-    check.require(k_out.dtype == DType::kFloat8E4M3, "v_layout kFp8Transposed needs FP8 e4m3 k_out and v_out, got ",
-                  dtype_name(k_out.dtype));
+    check.require(k_out.dtype == DType::kFloat8E4M3, "k_out must be FP8 e4m3 with v_layout kFp8Transposed (an FP8 ",
+                  "layout), got ", dtype_name(k_out.dtype));
     check.defined(v_out, "v_out", 3);
     check.dtype(v_out, "v_out", {DType::kFloat8E4M3});
     check.dim(v_out, "v_out", 0, heads);

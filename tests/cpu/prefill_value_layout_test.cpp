@@ -118,7 +118,7 @@ TEST(PrefillValueLayout, PackRefusesWhatTheLayoutCannotHold) {
     pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k_out.view(), v_out.view(),
                     PrefillValueLayout::kFp8Transposed);
   };
-  expect_error([&] { pack(k_bf16, v_t_bf16); }, "v_layout kFp8Transposed needs FP8");
+  expect_error([&] { pack(k_bf16, v_t_bf16); }, "k_out must be FP8 e4m3 with v_layout kFp8Transposed");
   expect_error([&] { pack(k_fp8, v_t_short); }, "v_out.shape[2]");
   expect_error([&] { pack(k_fp8, v_t_heads); }, "v_out");
   EXPECT_NO_THROW(pack(k_fp8, v_t));
@@ -136,7 +136,7 @@ TEST(PrefillValueLayout, TransposedValuesAreFp8Only) {
         mla_prefill(pb.q, pb.k, v_t.view(), PrefillValueLayout::kFp8Transposed, pb.cu_q.view(), pb.cu_k.view(),
                     out.view(), std::nullopt, true, 0.1f);
       },
-      "v_layout kFp8Transposed needs FP8");
+      "q (and k, v) must be FP8 e4m3 with v_layout kFp8Transposed");
 }
 
 }  // namespace

@@ -160,7 +160,7 @@ def test_fp8_transposed_values_give_the_token_major_result(rng):
         assert np.array_equal(out, out_t) and np.array_equal(lse, lse_t)
     with pytest.raises(Exception, match="v_layout"):
         speedmla.mla_prefill(q, k, v_plain, cu, cu, causal=True, softmax_scale=0.1, v_layout="transposed")
-    with pytest.raises(speedmla.Error, match="v_layout kFp8Transposed needs FP8"):
+    with pytest.raises(speedmla.Error, match="k_out must be FP8 e4m3 with v_layout kFp8Transposed"):
         speedmla.pack_prefill_kv(k_nope, k_rope, v, dtype="bfloat16", v_layout="fp8_transposed")
 
 
