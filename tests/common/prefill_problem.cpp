@@ -118,19 +118,23 @@ PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec) {
   fill_normal(pb.v, pb.k_begin.back(), rng);
   pb.cu_q = cumulative(pb.q_begin);
   pb.cu_k = cumulative(pb.k_begin);
-  if (spec.v_layout == PrefillValueLayout::kFp8Transposed) {
-    const int64_t positions = (total_k + 15) / 16 * 16 + 16;
-    pb.v_transposed = HostTensor(spec.dtype, {spec.kv_heads, kPrefillVDim, positions});
-    fill_bytes(pb.v_transposed, 0xFF);  // NaN: positions no token owns
-    const auto* from = static_cast<const uint8_t*>(pb.v.data);
-    auto* to = pb.v_transposed.data<uint8_t>();
-    for (int64_t t = 0; t < total_k; ++t)
-      for (int64_t h = 0; h < spec.kv_heads; ++h)
-        for (int64_t d = 0; d < kPrefillVDim; ++d)
-          to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(static_cast<int>(t))] =
-              from[t * pb.v.strides[0] + h * pb.v.strides[1] + d];
-  }
+  if (spec.v_layout == PrefillValueLayout::kFp8Transposed)
+    pb.v_transposed = transposed_values(pb.v, (total_k + 15) / 16 * 16 + 16);
   return pb;
+}
+
+HostTensor transposed_values(const TensorView& v, int64_t positions) {
+  const int64_t tokens = v.shape[0], heads = v.shape[1];
+  HostTensor out(DType::kFloat8E4M3, {heads, kPrefillVDim, positions});
+  fill_bytes(out, 0xFF);  // NaN: positions no token owns
+  const auto* from = static_cast<const uint8_t*>(v.data);
+  auto* to = out.data<uint8_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kPrefillVDim; ++d)
+        to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(static_cast<int>(t))] =
+            from[t * v.strides[0] + h * v.strides[1] + d * v.strides[2]];
+  return out;
 }
 
 PrefillResult prefill_reference(const PrefillProblem& pb) {

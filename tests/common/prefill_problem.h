@@ -50,6 +50,10 @@ struct PrefillProblem {
 
 PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec);
 
+// FP8 values v [T, H, 128] (host, any strides) in the kFp8Transposed layout: [H, 128, positions]
+// (positions >= T, a multiple of 16), NaN at the positions of tokens >= T.
+HostTensor transposed_values(const TensorView& v, int64_t positions);
+
 // out [total_q, H, 128] BF16 and lse [total_q, H] FP32, contiguous.
 struct PrefillResult {
   HostTensor out, lse;
