@@ -107,7 +107,7 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
     const TensorView q = make_view(buf.q, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
     const TensorView k = make_view(buf.k, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
     const bool transposed = c.v_layout == PrefillValueLayout::kFp8Transposed;
-    const TensorView v = transposed ? make_view(buf.v, c.dtype, dev, {c.heads, kPrefillVDim, (tokens + 15) / 16 * 16})
+    const TensorView v = transposed ? make_view(buf.v, c.dtype, dev, {c.heads, kPrefillVDim, fp8_transposed_value_positions(tokens)})
                                     : make_view(buf.v, c.dtype, dev, {tokens, c.heads, kPrefillVDim});
     const TensorView out = make_view(buf.out, DType::kBFloat16, dev, {tokens, c.heads, kPrefillVDim});
     const TensorView lse = make_view(buf.lse, DType::kFloat32, dev, {tokens, c.heads});

@@ -22,10 +22,19 @@ inline constexpr int kPrefillVDim = 128;   // v_head_dim
 //                   >= total_k are ignored.
 enum class PrefillValueLayout { kTokenMajor, kFp8Transposed };
 
-// Position of token t within its 16-token group of the kFp8Transposed layout.
-constexpr int fp8_transposed_value_position(int t) {
+// The kFp8Transposed layout's arithmetic (host and device code alike):
+// its token groups,
+inline constexpr int kFp8TransposedGroupTokens = 16;
+// the positions a tensor of `tokens` tokens needs (whole groups),
+constexpr int64_t fp8_transposed_value_positions(int64_t tokens) {
+  return (tokens + kFp8TransposedGroupTokens - 1) / kFp8TransposedGroupTokens * kFp8TransposedGroupTokens;
+}
+// the position of token t,
+constexpr int64_t fp8_transposed_value_position(int64_t t) {
   return 16 * (t / 16) + 4 * ((t % 8) / 2) + 2 * ((t % 16) / 8) + t % 2;
 }
+// and the token (within its group) at position p (0..15) of a group: the inverse.
+constexpr int fp8_transposed_value_token(int p) { return 8 * ((p / 2) % 2) + 2 * (p / 4) + p % 2; }
 
 // Ragged (variable-length, packed) attention over B requests.
 //

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 
 from . import _tensors as tz
 from ._native import Error, lib
-from .ops import CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM, _value_layout_transposed
+from .ops import (CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM, _value_layout_transposed,
+                  value_shape)
 
 DEFAULT_CHUNKED_PREFILL_CAPACITY = 8192 * 4
 
@@ -453,8 +454,7 @@ class MlaBackend:
         dtype, total_q = tz.dtype_name(q), tz.shape(out)[0]
         scratch = [tz.empty(q, (rows, CACHE_ROW_DIM), "bfloat16")[1],
                    tz.empty(q, (rows, heads, PREFILL_QK_DIM), dtype)[1],
-                   tz.empty(q, (heads, PREFILL_V_DIM, (rows + 15) // 16 * 16) if transposed
-                            else (rows, heads, PREFILL_V_DIM), dtype)[1],
+                   tz.empty(q, value_shape(rows, heads, v_layout), dtype)[1],
                    tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")[1],
                    tz.empty(q, (total_q, heads), "float32")[1]]
 

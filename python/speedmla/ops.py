@@ -230,8 +230,7 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
             k_arg = tz.arg(k_out)
         transposed = _value_layout_transposed(v_layout)
         if v_out is None:
-            shape = (heads, PREFILL_V_DIM, (tokens + 15) // 16 * 16) if transposed else (tokens, heads, PREFILL_V_DIM)
-            v_out, v_arg = tz.empty(k_nope, shape, dtype)
+            v_out, v_arg = tz.empty(k_nope, value_shape(tokens, heads, v_layout), dtype)
         else:
             v_arg = tz.arg(v_out)
         lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg, transposed,
@@ -239,6 +238,14 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
         return k_out, v_out
     except (TypeError, AttributeError, ValueError) as failure:
         tz.raise_argument_error(pack_prefill_kv, locals(), failure)
+
+
+def value_shape(tokens: int, heads: int, v_layout: str = "token_major") -> tuple:
+    """The shape of prefill values for `tokens` tokens of `heads` heads in `v_layout`:
+    (tokens, heads, 128), or for "fp8_transposed" (heads, 128, tokens rounded up to 16)."""
+    if _value_layout_transposed(v_layout):
+        return (heads, PREFILL_V_DIM, (tokens + 15) // 16 * 16)
+    return (tokens, heads, PREFILL_V_DIM)
 
 
 def _value_layout_transposed(v_layout: str) -> bool:

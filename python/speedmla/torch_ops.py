@@ -136,10 +136,8 @@ def pack_prefill_kv(k_nope: Tensor, k_rope: Tensor, v: Tensor,
 @pack_prefill_kv.register_fake
 def _(k_nope, k_rope, v, dtype=torch.float8_e4m3fn, k_scale_inv=1.0, v_scale_inv=1.0, v_layout="token_major"):
     tokens, heads, _ = k_nope.shape
-    values = ((heads, ops.PREFILL_V_DIM, (tokens + 15) // 16 * 16) if v_layout == "fp8_transposed"
-              else (tokens, heads, ops.PREFILL_V_DIM))
     return (k_nope.new_empty((tokens, heads, ops.PREFILL_QK_DIM), dtype=dtype),
-            k_nope.new_empty(values, dtype=dtype))
+            k_nope.new_empty(ops.value_shape(tokens, heads, v_layout), dtype=dtype))
 
 
 __all__ = ["gather_cache", "kv_cache_write", "merge_attn_states", "mla_decode", "mla_prefill",

@@ -77,7 +77,7 @@ std::vector<uint8_t> token_major_values(const TensorView& v_t, int64_t total_k) 
   std::vector<uint8_t> values(static_cast<size_t>(total_k * heads * kPrefillVDim));
   const auto* base = static_cast<const uint8_t*>(v_t.data);
   for (int64_t t = 0; t < total_k; ++t) {
-    const int64_t position = 16 * (t / 16) + fp8_transposed_value_position(static_cast<int>(t % 16));
+    const int64_t position = fp8_transposed_value_position(t);
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t d = 0; d < kPrefillVDim; ++d)
         values[static_cast<size_t>((t * heads + h) * kPrefillVDim + d)] =
@@ -131,7 +131,7 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, 
                   "(an FP8 layout), got ", dtype_name(q.dtype));
     check.dim(v, "v", 0, num_kv_heads);
     check.dim(v, "v", 1, kPrefillVDim);
-    check.require(v.size(2) >= total_k && v.size(2) % 16 == 0, "v.shape[2] (kFp8Transposed: token positions) ",
+    check.require(v.size(2) >= total_k && v.size(2) % kFp8TransposedGroupTokens == 0, "v.shape[2] (kFp8Transposed: token positions) ",
                   "must be a multiple of 16 and >= total_k = ", total_k, ", got ", v.size(2));
   } else {
     check.dim(v, "v", 0, total_k);

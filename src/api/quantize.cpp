@@ -151,7 +151,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
     check.dtype(v_out, "v_out", {DType::kFloat8E4M3});
     check.dim(v_out, "v_out", 0, heads);
     check.dim(v_out, "v_out", 1, kPrefillVDim);
-    check.require(v_out.size(2) >= tokens && v_out.size(2) % 16 == 0, "v_out.shape[2] (kFp8Transposed: token ",
+    check.require(v_out.size(2) >= tokens && v_out.size(2) % kFp8TransposedGroupTokens == 0, "v_out.shape[2] (kFp8Transposed: token ",
                   "positions) must be a multiple of 16 and >= T = ", tokens, ", got ", v_out.size(2));
     check.last_dim_contiguous(v_out, "v_out");
     check.same_device(v_out, "v_out", k_nope.device);

@@ -44,7 +44,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
       convert_row(v, offset_of(v, t, h), v_out, offset_of(v_out, t, h), kPrefillVDim, v_scale_inv);
       return;
     }
-    const int64_t position = fp8_transposed_value_position(static_cast<int>(t % 16)) + 16 * (t / 16);
+    const int64_t position = fp8_transposed_value_position(t);
     for (int64_t d = 0; d < kPrefillVDim; ++d)
       convert(v, offset_of(v, t, h) + d * v.stride(2), v_out, offset_of(v_out, h, d) + position * v_out.stride(2),
               v_scale_inv);
@@ -52,8 +52,8 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   if (!transposed) return;
   // The last group's positions of tokens past T: zeros (FP8 0 is the zero byte).
   auto* bytes = static_cast<uint8_t*>(v_out.data);
-  for (int64_t t = num_tokens; t % 16 != 0; ++t) {
-    const int64_t position = fp8_transposed_value_position(static_cast<int>(t % 16)) + 16 * (t / 16);
+  for (int64_t t = num_tokens; t < fp8_transposed_value_positions(num_tokens); ++t) {
+    const int64_t position = fp8_transposed_value_position(t);
     for (int64_t h = 0; h < num_heads; ++h)
       for (int64_t d = 0; d < kPrefillVDim; ++d) bytes[offset_of(v_out, h, d) + position * v_out.stride(2)] = 0;
   }

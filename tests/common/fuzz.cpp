@@ -137,7 +137,7 @@ Case base_prefill(std::mt19937_64& rng, Target) {
   if (dtype == DType::kFloat8E4M3 && chance(rng, 0.4)) c.v_layout = PrefillValueLayout::kFp8Transposed;
   const std::vector<int64_t> v_shape =
       c.v_layout == PrefillValueLayout::kFp8Transposed
-          ? std::vector<int64_t>{kv_heads, kPrefillVDim, (total_k + 15) / 16 * 16 + 16 * uniform(rng, 0, 1)}
+          ? std::vector<int64_t>{kv_heads, kPrefillVDim, fp8_transposed_value_positions(total_k) + 16 * uniform(rng, 0, 1)}
           : std::vector<int64_t>{total_k, kv_heads, kPrefillVDim};
   c.args = {make_arg("q", Role::kInput, dtype, {total_q, heads, kPrefillQkDim}),
             make_arg("k", Role::kInput, dtype, {total_k, kv_heads, kPrefillQkDim}),
@@ -215,7 +215,7 @@ Case base_pack(std::mt19937_64& rng, Target) {
   if (out == DType::kFloat8E4M3 && chance(rng, 0.4)) c.v_layout = PrefillValueLayout::kFp8Transposed;
   const std::vector<int64_t> v_out_shape =
       c.v_layout == PrefillValueLayout::kFp8Transposed
-          ? std::vector<int64_t>{heads, kPrefillVDim, (tokens + 15) / 16 * 16 + 16 * uniform(rng, 0, 1)}
+          ? std::vector<int64_t>{heads, kPrefillVDim, fp8_transposed_value_positions(tokens) + 16 * uniform(rng, 0, 1)}
           : std::vector<int64_t>{tokens, heads, kPrefillVDim};
   c.args = {make_arg("k_nope", Role::kInput, in, {tokens, heads, 128}),
             make_arg("k_rope", Role::kInput, in, rope_shape),

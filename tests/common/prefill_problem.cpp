@@ -119,7 +119,7 @@ PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec) {
   pb.cu_q = cumulative(pb.q_begin);
   pb.cu_k = cumulative(pb.k_begin);
   if (spec.v_layout == PrefillValueLayout::kFp8Transposed)
-    pb.v_transposed = transposed_values(pb.v, (total_k + 15) / 16 * 16 + 16);
+    pb.v_transposed = transposed_values(pb.v, fp8_transposed_value_positions(total_k) + 16);
   return pb;
 }
 
@@ -132,7 +132,7 @@ HostTensor transposed_values(const TensorView& v, int64_t positions) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t d = 0; d < kPrefillVDim; ++d)
-        to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(static_cast<int>(t))] =
+        to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(t)] =
             from[t * v.strides[0] + h * v.strides[1] + d * v.strides[2]];
   return out;
 }

@@ -71,7 +71,7 @@ TEST(PrefillValueLayout, PackWritesTheTransposedLayout) {
     for (int64_t d = 0; d < kPrefillVDim; ++d)
       for (int64_t t = 0; t < kPositions; ++t) {
         const uint8_t expected = t < kTokens ? plain[(t * kHeads + h) * kPrefillVDim + d] : t < 32 ? 0 : 0x55;
-        ASSERT_EQ(transposed[(h * kPrefillVDim + d) * kPositions + fp8_transposed_value_position(static_cast<int>(t))],
+        ASSERT_EQ(transposed[(h * kPrefillVDim + d) * kPositions + fp8_transposed_value_position(t)],
                   expected)
             << "token " << t << " head " << h << " dim " << d;
       }

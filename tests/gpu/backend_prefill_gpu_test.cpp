@@ -140,7 +140,7 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
   MlaBackend backend(config_for(c, current_gpu()));
   const bool transposed = c.v_layout == PrefillValueLayout::kFp8Transposed;
   const DeviceTensor d_cache(cache), d_table(req_to_page), d_pool(pool), d_lens(lens), d_self_k(self_k),
-      d_self_v(transposed ? transposed_values(self_v.view(), (total_q + 15) / 16 * 16) : self_v);
+      d_self_v(transposed ? transposed_values(self_v.view(), fp8_transposed_value_positions(total_q)) : self_v);
   DevicePrefill one_shot(pb);  // holds q, cu_seqlens_q and the one-shot keys on the device
   backend.init_forward_metadata(bs, n_ext, d_pool.view(), d_lens.view(), n_dec ? ForwardMode::kMixed : ForwardMode::kExtend,
                                 d_table.view(), MlaBackend::ExtendLens{prefix.view(), fresh.view()});
@@ -152,7 +152,7 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
                                  one_shot.cu_q.view(), true, scale, out.view(), lse.view());
   const int64_t rows = std::max<int64_t>(md.chunks.max_loop_tokens, 1);
   DeviceTensor s_latent(DType::kBFloat16, {rows, kCacheRowDim}), s_k(c.dtype, {rows, kHeads, kPrefillQkDim}),
-      s_v(c.dtype, transposed ? std::vector<int64_t>{kHeads, kPrefillVDim, (rows + 15) / 16 * 16}
+      s_v(c.dtype, transposed ? std::vector<int64_t>{kHeads, kPrefillVDim, fp8_transposed_value_positions(rows)}
                               : std::vector<int64_t>{rows, kHeads, kPrefillVDim}),
       s_out(DType::kBFloat16, {total_q, kHeads, kPrefillVDim}), s_lse(DType::kFloat32, {total_q, kHeads});
   int64_t loops = 0;

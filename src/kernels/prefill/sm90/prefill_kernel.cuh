@@ -47,6 +47,7 @@
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/wgmma.cuh"
+#include "speedmla/prefill.h"
 
 namespace speedmla::kernels::prefill_sm90 {
 
@@ -152,7 +153,7 @@ struct PrefillKernel {
   static_assert(!kValuesTransposed || (kVDim == kTileRows && kVChunks * 64 == kBlockKeys),
                 "transposed values: a chunk is 128 dim rows of 64 token positions, two a block");
   // The transposed values' token groups (the P fragments' position order repeats every 16).
-  static constexpr int kValueGroupTokens = 16;
+  static constexpr int kValueGroupTokens = kFp8TransposedGroupTokens;
 
   // Named barriers (0 is __syncthreads): consumer c may issue its GEMMs once barrier
   // kBarTurn0 + c completes, i.e. once the other consumer has issued its own.
@@ -321,23 +322,19 @@ struct PrefillKernel {
 
   // Transposed values: zeroes the positions of this thread's dim row (one per producer thread)
   // whose tokens are outside [first, end) of the block (another request's values, or the
-  // layout's padding: P is 0 there, but 0 * NaN would not be). Position 4k + 2a + b of a 16-token
-  // group holds token 8a + 2k + b; piece p of a 64-byte row r sits at p ^ ((r >> 1) & 3).
+  // layout's padding: P is 0 there, but 0 * NaN would not be). fp8_transposed_value_token says
+  // which token a position holds; piece p of a 64-byte row r sits at p ^ ((r >> 1) & 3).
   static __device__ void zero_foreign_positions(uint32_t values, int first, int end) {
     const int r = static_cast<int>(threadIdx.x % kWarpgroupThreads);
 #pragma unroll 1  // first and last blocks only: kept short
     for (int group = 0; group < kBlockKeys / kValueGroupTokens; ++group) {
       const int lo = first - kValueGroupTokens * group, hi = end - kValueGroupTokens * group;
       if (lo <= 0 && hi >= kValueGroupTokens) continue;  // the whole group is the request's
-      uint32_t keep[4];
+      uint32_t keep[4] = {0u, 0u, 0u, 0u};  // a byte mask per 4 positions
 #pragma unroll
-      for (int word = 0; word < 4; ++word) {  // positions 4 word .. 4 word + 3: k = word
-        keep[word] = 0;
-#pragma unroll
-        for (int byte = 0; byte < 4; ++byte) {
-          const int a = byte / 2, b = byte % 2, token = 8 * a + 2 * word + b;
-          if (token >= lo && token < hi) keep[word] |= 0xffu << (8 * byte);
-        }
+      for (int position = 0; position < kValueGroupTokens; ++position) {
+        const int token = fp8_transposed_value_token(position);
+        if (token >= lo && token < hi) keep[position / 4] |= 0xffu << (8 * (position % 4));
       }
       const int chunk = group / 4, piece = group % 4;
       const uint32_t at = values + chunk * kChunkBytes + r * 64 + ((piece ^ ((r >> 1) & 3)) << 4);
