@@ -7,7 +7,7 @@
 //   --plans also times, per case, the planner alone (mla_decode_plan), the call on a reused plan
 //   (mla_decode_with_plan) and on a reused batch-invariant plan (issue 13, items 4 and 5).
 //   speedmla-bench --prefill [--dtype fp8|bf16] [--iters N] [--rest-ms N]
-//   speedmla-bench --prefill-case fp8|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill)
+//   speedmla-bench --prefill-case fp8|fp8t|bf16,H,B,LEN,CAUSAL   (repeatable; implies --prefill; fp8t: FP8, v transposed)
 //
 // q and the cache hold normal values (std 1), drawn as real activations are and as the prefill
 // bench and the FlashMLA harness (decode_peer.py) draw them; before 2026-12-02 (b12ca52) they
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--prefill-case") && i + 1 < argc) {
       bench::PrefillCase c{};
       if (!bench::parse_prefill_case(argv[++i], c)) {
-        std::fprintf(stderr, "--prefill-case wants fp8|bf16,H,B,LEN,CAUSAL (e.g. bf16,128,4,4096,1)\n");
+        std::fprintf(stderr, "--prefill-case wants fp8|fp8t|bf16,H,B,LEN,CAUSAL (e.g. bf16,128,4,4096,1)\n");
         return 2;
       }
       prefill_only.push_back(c);

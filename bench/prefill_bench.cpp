@@ -58,8 +58,9 @@ bool parse_prefill_case(const char* text, PrefillCase& c) {
   int causal = 1;
   if (std::sscanf(text, "%7[^,],%d,%d,%d,%d", type, &c.heads, &c.batch, &c.len, &causal) != 5) return false;
   const std::string t = type;
-  if ((t != "fp8" && t != "bf16") || c.heads < 1 || c.batch < 1 || c.len < 1) return false;
-  c.dtype = t == "fp8" ? DType::kFloat8E4M3 : DType::kBFloat16;
+  if ((t != "fp8" && t != "fp8t" && t != "bf16") || c.heads < 1 || c.batch < 1 || c.len < 1) return false;
+  c.dtype = t == "bf16" ? DType::kBFloat16 : DType::kFloat8E4M3;
+  c.v_layout = t == "fp8t" ? PrefillValueLayout::kFp8Transposed : PrefillValueLayout::kTokenMajor;
   c.causal = causal != 0;
   return true;
 }
@@ -68,15 +69,17 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
   int device = 0;
   cuda(cudaGetDevice(&device), "device");
   const Device dev{DeviceKind::kCUDA, device};
-  int64_t max_rows = 0, max_batch = 1;  // rows = tokens x heads
+  int64_t max_rows = 0, max_batch = 1, max_heads = 1;  // rows = tokens x heads
   for (const PrefillCase& c : cases) {
     max_rows = std::max<int64_t>(max_rows, int64_t{c.batch} * c.len * c.heads);
     max_batch = std::max<int64_t>(max_batch, c.batch);
+    max_heads = std::max<int64_t>(max_heads, c.heads);
   }
   Buffers buf;
   cuda(cudaMalloc(&buf.q, max_rows * kPrefillQkDim * 2), "q");
   cuda(cudaMalloc(&buf.k, max_rows * kPrefillQkDim * 2), "k");
-  cuda(cudaMalloc(&buf.v, max_rows * kPrefillVDim * 2), "v");
+  // BF16 token-major, or FP8 transposed with its token positions rounded up to 16 per head.
+  cuda(cudaMalloc(&buf.v, (max_rows + 16 * max_heads) * kPrefillVDim * 2), "v");
   cuda(cudaMalloc(&buf.out, max_rows * kPrefillVDim * 2), "out");
   cuda(cudaMalloc(&buf.lse, max_rows * 4), "lse");
   cuda(cudaMalloc(&buf.cu, (max_batch + 1) * 4), "cu_seqlens");
@@ -94,7 +97,7 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
       std::mt19937_64 rng(2026 + static_cast<int>(c.dtype));
       fill_normal(buf.q, max_rows * kPrefillQkDim * e, c.dtype, rng);
       fill_normal(buf.k, max_rows * kPrefillQkDim * e, c.dtype, rng);
-      fill_normal(buf.v, max_rows * kPrefillVDim * e, c.dtype, rng);
+      fill_normal(buf.v, (max_rows + 16 * max_heads) * kPrefillVDim * e, c.dtype, rng);
       filled = c.dtype;
     }
     std::vector<int32_t> cu(c.batch + 1);
@@ -103,19 +106,23 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
     const int64_t tokens = int64_t{c.batch} * c.len;
     const TensorView q = make_view(buf.q, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
     const TensorView k = make_view(buf.k, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
-    const TensorView v = make_view(buf.v, c.dtype, dev, {tokens, c.heads, kPrefillVDim});
+    const bool transposed = c.v_layout == PrefillValueLayout::kFp8Transposed;
+    const TensorView v = transposed ? make_view(buf.v, c.dtype, dev, {c.heads, kPrefillVDim, fp8_transposed_value_positions(tokens)})
+                                    : make_view(buf.v, c.dtype, dev, {tokens, c.heads, kPrefillVDim});
     const TensorView out = make_view(buf.out, DType::kBFloat16, dev, {tokens, c.heads, kPrefillVDim});
     const TensorView lse = make_view(buf.lse, DType::kFloat32, dev, {tokens, c.heads});
     const TensorView cu_view = make_view(buf.cu, DType::kInt32, dev, {c.batch + 1});
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
-    std::printf("%-5s %3d %3d %6d %-6s | ", fp8 ? "fp8" : "bf16", c.heads, c.batch, c.len, c.causal ? "causal" : "full");
+    std::printf("%-5s %3d %3d %6d %-6s | ", transposed ? "fp8t" : fp8 ? "fp8" : "bf16", c.heads, c.batch, c.len,
+                c.causal ? "causal" : "full");
     std::fflush(stdout);
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
 
     GpuStateSampler sampler;
     double ms = 0;
     try {
-      ms = median_flushed_ms([&] { mla_prefill(q, k, v, cu_view, cu_view, out, lse, c.causal, 0.0721688f, 1.f); },
+      ms = median_flushed_ms(
+          [&] { mla_prefill(q, k, v, c.v_layout, cu_view, cu_view, out, lse, c.causal, 0.0721688f, 1.f); },
                              buf.flush, kFlushBytes, iters, 3, [&] { sampler.start(); });
     } catch (const Error& error) {
       std::printf("refused: %s\n", error.what());

@@ -57,6 +57,7 @@ if [ "$sanitize" = 1 ]; then
   # A subset of every GPU operation, small sizes. initcheck only where every input is written
   # before the kernels read it (some other tests hand over allocated-but-unwritten inputs).
   every_op='*DecodeGpu.PageSizes*:*DecodeGpu.EmptyAndShortRows*:*PrefillGpu.StridedViews*'
+  every_op+=':PrefillGpuTransposedValues.SmallRaggedBatch'
   every_op+=':*BackendPrefillGpu.SingleLoopAndNoLoop*:*MergeGpu.MatchesReference*:*CacheGpu.*:CacheGpuGraph.*'
   every_op+=':*DecodePlanGpu.OnePlanServesEveryLayerOfAStep*:*QuantizeGpu.*:BackendGpu.BlockTablesFollowTheHostRule'
   every_op+=':BackendGpu.ExtendSlotListsFollowThePageTable'

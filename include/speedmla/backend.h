@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "speedmla/chunked_prefill.h"
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla {
@@ -113,9 +114,13 @@ using PrefixExpander =
 struct PrefixScratch {
   TensorView latent;  // [>= rows, 576] BF16
   TensorView k;       // [>= rows, H, 192] q's dtype, contiguous
-  TensorView v;       // [>= rows, H, 128] q's dtype, contiguous
+  TensorView v;       // [>= rows, H, 128] q's dtype, contiguous; or, with v_layout kFp8Transposed
+                      // (FP8, prefill.h), [H, 128, P] with P >= rows a multiple of 16, which
+                      // expand fills in that layout (pack_prefill_kv's v_layout) and is passed
+                      // whole (positions past a loop's tokens are ignored)
   TensorView out;     // [>= total_q, H, 128] BF16: one loop's partial output
   TensorView lse;     // [>= total_q, H] FP32: its log-sum-exp
+  PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;
 };
 
 class MlaBackend {
@@ -246,6 +251,13 @@ class MlaBackend {
                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                               bool causal, float softmax_scale, const TensorView& out,
                               const TensorView& lse, Stream stream = nullptr);
+  // The same with v in `v_layout` (prefill.h): kFp8Transposed takes FP8 values
+  // [H, 128, T] as pack_prefill_kv writes them in that layout, which the GPU kernel reads
+  // without transposing them (the faster FP8 prefill).
+  void forward_extend_chunked(const TensorView& q, const TensorView& k, const TensorView& v,
+                              PrefillValueLayout v_layout, const TensorView& cu_seqlens_q,
+                              const TensorView& cu_seqlens_k, bool causal, float softmax_scale,
+                              const TensorView& out, const TensorView& lse, Stream stream = nullptr);
 
   // Adds the cached prefixes of the current extend batch to (out, lse), which hold the
   // attention of the new tokens to themselves (forward_extend_chunked, causal). For each loop of

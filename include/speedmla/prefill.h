@@ -10,6 +10,32 @@ namespace speedmla {
 inline constexpr int kPrefillQkDim = 192;  // qk_nope_head_dim (128) + qk_rope_head_dim (64)
 inline constexpr int kPrefillVDim = 128;   // v_head_dim
 
+// How mla_prefill's v is laid out.
+//   kTokenMajor     v [total_k, H_kv, 128], last dim contiguous (the plain layout).
+//   kFp8Transposed  v [H_kv, 128, T] FP8 e4m3 with T >= total_k a multiple of 16, last dim
+//                   contiguous: value (token t, head h, dim d) at [h, d, 16 (t / 16) + pos(t % 16)],
+//                   pos(8a + 2k + b) = 4k + 2a + b (a, b in {0, 1}, k in 0..3) — the token order
+//                   of the FP8 P·V's register fragments, so that the GPU kernel reads V^T as it
+//                   arrives instead of transposing every block (~10 % of FP8 prefill at 1x32K).
+//                   The groups count from the tensor's token 0, so the layout does not depend on
+//                   cu_seqlens_k. pack_prefill_kv writes it (quantize.h); positions of tokens
+//                   >= total_k are ignored.
+enum class PrefillValueLayout { kTokenMajor, kFp8Transposed };
+
+// The kFp8Transposed layout's arithmetic (host and device code alike):
+// its token groups,
+inline constexpr int kFp8TransposedGroupTokens = 16;
+// the positions a tensor of `tokens` tokens needs (whole groups),
+constexpr int64_t fp8_transposed_value_positions(int64_t tokens) {
+  return (tokens + kFp8TransposedGroupTokens - 1) / kFp8TransposedGroupTokens * kFp8TransposedGroupTokens;
+}
+// the position of token t,
+constexpr int64_t fp8_transposed_value_position(int64_t t) {
+  return 16 * (t / 16) + 4 * ((t % 8) / 2) + 2 * ((t % 16) / 8) + t % 2;
+}
+// and the token (within its group) at position p (0..15) of a group: the inverse.
+constexpr int fp8_transposed_value_token(int p) { return 8 * ((p / 2) % 2) + 2 * (p / 4) + p % 2; }
+
 // Ragged (variable-length, packed) attention over B requests.
 //
 //   q             [total_q, H, 192]     FP8 e4m3 or BF16; last dim contiguous.
@@ -40,6 +66,14 @@ inline constexpr int kPrefillVDim = 128;   // v_head_dim
 // Throws Error for any shape, dtype, stride, device or cu_seqlens value it can check, naming the
 // argument.
 void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                 const TensorView& out, const std::optional<TensorView>& lse, bool causal,
+                 float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr);
+
+// The same with v in `v_layout` (above). kFp8Transposed: q, k and v FP8; v [H_kv, 128, T] with
+// T >= total_k a multiple of 16 and the last dim contiguous (GPU: strides multiples of 16 bytes,
+// data 16-byte aligned). Every other argument and error as above.
+void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, PrefillValueLayout v_layout,
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                  const TensorView& out, const std::optional<TensorView>& lse, bool causal,
                  float softmax_scale, float output_scale = 1.0f, Stream stream = nullptr);

@@ -1,6 +1,7 @@
 // speedmla/quantize.h — FP8 quantisation of queries and the prefill K/V pack.
 #pragma once
 
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla {
@@ -21,5 +22,14 @@ void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv = 
 void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                      const TensorView& k_out, const TensorView& v_out, float k_scale_inv = 1.0f,
                      float v_scale_inv = 1.0f, Stream stream = nullptr);
+
+// The same with v_out in `v_layout` (prefill.h), for mla_prefill's overload that takes it.
+// kFp8Transposed: k_out and v_out FP8 e4m3; v_out [H, 128, P] with P >= T a multiple of 16, last
+// dim contiguous (GPU: 16-byte aligned, strides multiples of 16 bytes); every position of the
+// T tokens' 16-token groups is written, those of tokens >= T as 0 (positions from T rounded
+// up to 16 on stay untouched). kTokenMajor: as above.
+void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
+                     const TensorView& k_out, const TensorView& v_out, PrefillValueLayout v_layout,
+                     float k_scale_inv = 1.0f, float v_scale_inv = 1.0f, Stream stream = nullptr);
 
 }  // namespace speedmla

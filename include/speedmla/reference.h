@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "speedmla/decode.h"
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla::reference {
@@ -60,5 +61,8 @@ void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv);
 void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                      const TensorView& k_out, const TensorView& v_out, float k_scale_inv,
                      float v_scale_inv);
+void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
+                     const TensorView& k_out, const TensorView& v_out, PrefillValueLayout v_layout,
+                     float k_scale_inv, float v_scale_inv);
 
 }  // namespace speedmla::reference

@@ -130,13 +130,17 @@ void mla_decode(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView blo
   });
 }
 
-void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v,
+// v_transposed: v in speedmla::PrefillValueLayout::kFp8Transposed.
+void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v, bool v_transposed,
                  ffi::TensorView cu_seqlens_q, ffi::TensorView cu_seqlens_k, ffi::TensorView out,
                  ffi::Optional<ffi::TensorView> lse, bool causal, double softmax_scale,
                  double output_scale) {
   translating_errors("mla_prefill", [&] {
     const speedmla::TensorView q_view = view(q, "q");
-    speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
+    speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"),
+                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                       : speedmla::PrefillValueLayout::kTokenMajor,
+                          view(cu_seqlens_q, "cu_seqlens_q"),
                           view(cu_seqlens_k, "cu_seqlens_k"), view(out, "out"), view(lse, "lse"),
                           causal, static_cast<float>(softmax_scale),
                           static_cast<float>(output_scale), stream_of(q_view.device));
@@ -181,13 +185,17 @@ void quantize_fp8(ffi::TensorView x, ffi::TensorView out, double scale_inv) {
   });
 }
 
+// v_transposed: v_out in speedmla::PrefillValueLayout::kFp8Transposed.
 void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::TensorView v,
-                     ffi::TensorView k_out, ffi::TensorView v_out, double k_scale_inv,
+                     ffi::TensorView k_out, ffi::TensorView v_out, bool v_transposed, double k_scale_inv,
                      double v_scale_inv) {
   translating_errors("pack_prefill_kv", [&] {
     const speedmla::TensorView nope = view(k_nope, "k_nope");
     speedmla::pack_prefill_kv(nope, view(k_rope, "k_rope"), view(v, "v"), view(k_out, "k_out"),
-                              view(v_out, "v_out"), static_cast<float>(k_scale_inv),
+                              view(v_out, "v_out"),
+                              v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                           : speedmla::PrefillValueLayout::kTokenMajor,
+                              static_cast<float>(k_scale_inv),
                               static_cast<float>(v_scale_inv), stream_of(nope.device));
   });
 }
@@ -433,11 +441,13 @@ void backend_forward_decode(Backend b, ffi::TensorView q, ffi::TensorView kv_cac
 }
 
 void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorView k,
-                                    ffi::TensorView v, ffi::TensorView cu_seqlens_q,
+                                    ffi::TensorView v, bool v_transposed, ffi::TensorView cu_seqlens_q,
                                     ffi::TensorView cu_seqlens_k, bool causal, double softmax_scale,
                                     ffi::TensorView out, ffi::TensorView lse) {
   translating_errors("MlaBackend::forward_extend_chunked", [&] {
     (*b).forward_extend_chunked(view(q, "q"), view(k, "k"), view(v, "v"),
+                                v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                             : speedmla::PrefillValueLayout::kTokenMajor,
                                 view(cu_seqlens_q, "cum_seq_lens_q"),
                                 view(cu_seqlens_k, "cum_seq_lens_kv"), causal,
                                 static_cast<float>(softmax_scale), view(out, "out"),
@@ -449,7 +459,7 @@ void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorVie
 void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView kv_cache,
                                   double k_scale, ffi::Function expand,
                                   ffi::TensorView scratch_latent, ffi::TensorView scratch_k,
-                                  ffi::TensorView scratch_v, ffi::TensorView scratch_out,
+                                  ffi::TensorView scratch_v, bool v_transposed, ffi::TensorView scratch_out,
                                   ffi::TensorView scratch_lse, ffi::TensorView out,
                                   ffi::TensorView lse, double softmax_scale) {
   translating_errors("MlaBackend::attend_cached_prefix", [&] {
@@ -461,7 +471,9 @@ void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView 
     const speedmla::PrefixScratch scratch{view(scratch_latent, "scratch latent"),
                                           view(scratch_k, "scratch k"), view(scratch_v, "scratch v"),
                                           view(scratch_out, "scratch out"),
-                                          view(scratch_lse, "scratch lse")};
+                                          view(scratch_lse, "scratch lse"),
+                                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
+                                                       : speedmla::PrefillValueLayout::kTokenMajor};
     (*b).attend_cached_prefix(view(q, "q"), view(kv_cache, "kv_cache"), static_cast<float>(k_scale),
                               expander, scratch, view(out, "out"), view(lse, "lse"),
                               static_cast<float>(softmax_scale), b.stream());

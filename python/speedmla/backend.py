@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 
 from . import _tensors as tz
 from ._native import Error, lib
-from .ops import CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM
+from .ops import (CACHE_ROW_DIM, LATENT_DIM, PREFILL_QK_DIM, PREFILL_V_DIM, ROPE_DIM, _value_layout_transposed,
+                  value_shape)
 
 DEFAULT_CHUNKED_PREFILL_CAPACITY = 8192 * 4
 
@@ -378,7 +379,8 @@ class MlaBackend:
 
     def forward_extend_chunked(self, q, k, v, scaling: float, logits_soft_cap=None, *,
                                cum_seq_lens_q, cum_seq_lens_kv, max_q_len=None, max_kv_len=None,
-                               seq_lens=None, batch_size=None, causal: bool, out=None):
+                               seq_lens=None, batch_size=None, causal: bool, out=None,
+                               v_layout: str = "token_major"):
         """Ragged prefill attention of this rank's H heads, returning (out, lse) like the seed.
 
         Args:
@@ -387,6 +389,9 @@ class MlaBackend:
             cum_seq_lens_q, cum_seq_lens_kv: [B+1] int32.
             causal: bottom-right aligned (the new tokens' own part); False for a prefix chunk.
             out: optional [Σq, H, 128] BF16.
+            v_layout: "token_major" (default), or "fp8_transposed": v FP8 [H, 128, T] as
+                pack_prefill_kv(..., v_layout="fp8_transposed") writes it, which the GPU kernel
+                reads without transposing (speedmla.ops.mla_prefill).
             max_q_len, max_kv_len, seq_lens, batch_size: accepted for the seed's signature;
                 the kernels read the cumulative lengths.
             logits_soft_cap: must be None or 0 (MLA models use none).
@@ -399,22 +404,26 @@ class MlaBackend:
         heads = self.num_local_heads
         q = tz.reshape(q, (-1, heads, PREFILL_QK_DIM))
         k = tz.reshape(k, (-1, heads, PREFILL_QK_DIM))
-        v = tz.reshape(v, (-1, heads, PREFILL_V_DIM))
+        transposed = _value_layout_transposed(v_layout)
+        if not transposed:
+            v = tz.reshape(v, (-1, heads, PREFILL_V_DIM))
         if tz.dtype_name(q) == "float8_e4m3fn":
-            k, v = tz.to_dtype(k, "float8_e4m3fn"), tz.to_dtype(v, "float8_e4m3fn")
+            k = tz.to_dtype(k, "float8_e4m3fn")
+            if not transposed:
+                v = tz.to_dtype(v, "float8_e4m3fn")
         total_q = tz.shape(q)[0]
         if out is None:
             out, out_arg = tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")
         else:
             out_arg = tz.arg(out)
         lse, _ = tz.empty(q, (total_q, heads), "float32")
-        lib().backend_forward_extend_chunked(self._handle, tz.arg(q), tz.arg(k), tz.arg(v),
+        lib().backend_forward_extend_chunked(self._handle, tz.arg(q), tz.arg(k), tz.arg(v), transposed,
                                              cum_seq_lens_q, cum_seq_lens_kv, bool(causal),
                                              float(scaling), out_arg, lse)
         return out, lse
 
     def attend_cached_prefix(self, q, kv_cache, expand: Callable, out, lse, scaling: float,
-                             k_scale: float = 1.0):
+                             k_scale: float = 1.0, v_layout: str = "token_major"):
         """Adds the cached prefixes of the current extend batch to (out, lse), in place.
 
         (out, lse) hold the new tokens' causal attention to themselves (forward_extend_chunked).
@@ -428,10 +437,15 @@ class MlaBackend:
             q: [Σq, H, 192] FP8 or BF16, Σq = the batch's new tokens.
             kv_cache: [num_pages, page_size, 576] (or a flat [slots, 1, 576] view).
             out: [Σq, H, 128] BF16 and lse: [Σq, H] FP32, read and written.
+            v_layout: "token_major" (default), or "fp8_transposed" (FP8 q): expand then gets v as
+                [H, 128, P] (P the loop rows rounded up to 16) to fill in that layout, e.g. with
+                pack_prefill_kv(..., v_out=v, v_layout="fp8_transposed"), which the GPU kernel
+                reads without transposing it.
 
         Returns:
             (out, lse)
         """
+        transposed = _value_layout_transposed(v_layout)
         metadata = self.chunked_prefill_metadata
         if metadata is None:
             raise Error("MlaBackend.attend_cached_prefix: no extend metadata; call "
@@ -440,7 +454,7 @@ class MlaBackend:
         dtype, total_q = tz.dtype_name(q), tz.shape(out)[0]
         scratch = [tz.empty(q, (rows, CACHE_ROW_DIM), "bfloat16")[1],
                    tz.empty(q, (rows, heads, PREFILL_QK_DIM), dtype)[1],
-                   tz.empty(q, (rows, heads, PREFILL_V_DIM), dtype)[1],
+                   tz.empty(q, value_shape(rows, heads, v_layout), dtype)[1],
                    tz.empty(q, (total_q, heads, PREFILL_V_DIM), "bfloat16")[1],
                    tz.empty(q, (total_q, heads), "float32")[1]]
 
@@ -449,6 +463,6 @@ class MlaBackend:
 
         kv_cache = tz.reshape(kv_cache, (-1, self.page_size, CACHE_ROW_DIM))
         lib().backend_attend_cached_prefix(self._handle, tz.arg(q), tz.arg(kv_cache), float(k_scale),
-                                           expand_in_framework, *scratch, tz.arg(out), lse,
+                                           expand_in_framework, *scratch[:3], transposed, *scratch[3:], tz.arg(out), lse,
                                            float(scaling))
         return out, lse

@@ -75,13 +75,17 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
 
 
 def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_scale: float,
-                output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False):
+                output_scale: float = 1.0, out=None, lse=None, return_lse: bool = False,
+                v_layout: str = "token_major"):
     """Ragged multi-head attention for MLA prefill (the un-absorbed form).
 
     Args:
         q: [total_q, H, 192] FP8 or BF16; last dim contiguous.
         k: [total_k, H_kv, 192], same dtype as q; H a multiple of H_kv.
-        v: [total_k, H_kv, 128], same dtype as q.
+        v: [total_k, H_kv, 128], same dtype as q; or, with v_layout "fp8_transposed" (FP8),
+            [H_kv, 128, T] with T >= total_k a multiple of 16, as pack_prefill_kv writes it
+            (speedmla/prefill.h, PrefillValueLayout::kFp8Transposed): the GPU kernel then reads
+            the values without transposing them.
         cu_seqlens_q, cu_seqlens_k: [B+1] int32 cumulative lengths, starting at 0. Requests with
             no queries or no keys are legal.
         causal: bottom-right aligned: query i of a request with len_q queries and len_k keys
@@ -101,7 +105,8 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_sc
             out_arg = tz.arg(out)
         if lse is None and return_lse:
             lse, _ = tz.empty(q, (total_q, heads), "float32")
-        lib().mla_prefill(tz.arg(q), tz.arg(k), tz.arg(v), cu_seqlens_q, cu_seqlens_k, out_arg,
+        lib().mla_prefill(tz.arg(q), tz.arg(k), tz.arg(v), _value_layout_transposed(v_layout), cu_seqlens_q,
+                          cu_seqlens_k, out_arg,
                           tz.arg(lse), bool(causal), float(softmax_scale), float(output_scale))
         return (out, lse) if return_lse else out
     except (TypeError, AttributeError, ValueError) as failure:
@@ -200,7 +205,7 @@ def quantize_fp8(x, *, scale_inv: float = 1.0, out=None):
 
 
 def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_inv: float = 1.0,
-                    v_scale_inv: float = 1.0, k_out=None, v_out=None):
+                    v_scale_inv: float = 1.0, k_out=None, v_out=None, v_layout: str = "token_major"):
     """Packs prefill keys and values: k = k_nope ‖ broadcast_heads(k_rope), v copied, converted.
 
     Args:
@@ -210,6 +215,9 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
         dtype: "float8_e4m3fn" (default) or "bfloat16": the dtype of k_out and v_out.
         k_scale_inv, v_scale_inv: multiply k and v before the conversion.
         k_out: optional [T, H, 192]; v_out: optional [T, H, 128], both of `dtype`.
+        v_layout: "token_major" (default) or "fp8_transposed" (FP8 only): v_out is then
+            [H, 128, T rounded up to 16] (or a given [H, 128, P], P >= T a multiple of 16) in the
+            layout mla_prefill's v_layout="fp8_transposed" reads.
 
     Returns:
         (k_out, v_out)
@@ -220,15 +228,31 @@ def pack_prefill_kv(k_nope, k_rope, v, *, dtype: str = "float8_e4m3fn", k_scale_
             k_out, k_arg = tz.empty(k_nope, (tokens, heads, PREFILL_QK_DIM), dtype)
         else:
             k_arg = tz.arg(k_out)
+        transposed = _value_layout_transposed(v_layout)
         if v_out is None:
-            v_out, v_arg = tz.empty(k_nope, (tokens, heads, PREFILL_V_DIM), dtype)
+            v_out, v_arg = tz.empty(k_nope, value_shape(tokens, heads, v_layout), dtype)
         else:
             v_arg = tz.arg(v_out)
-        lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg,
+        lib().pack_prefill_kv(tz.arg(k_nope), tz.arg(k_rope), tz.arg(v), k_arg, v_arg, transposed,
                               float(k_scale_inv), float(v_scale_inv))
         return k_out, v_out
     except (TypeError, AttributeError, ValueError) as failure:
         tz.raise_argument_error(pack_prefill_kv, locals(), failure)
+
+
+def value_shape(tokens: int, heads: int, v_layout: str = "token_major") -> tuple:
+    """The shape of prefill values for `tokens` tokens of `heads` heads in `v_layout`:
+    (tokens, heads, 128), or for "fp8_transposed" (heads, 128, tokens rounded up to 16)."""
+    if _value_layout_transposed(v_layout):
+        return (heads, PREFILL_V_DIM, (tokens + 15) // 16 * 16)
+    return (tokens, heads, PREFILL_V_DIM)
+
+
+def _value_layout_transposed(v_layout: str) -> bool:
+    """True for "fp8_transposed", False for "token_major"; ValueError naming the choices else."""
+    if v_layout not in ("token_major", "fp8_transposed"):
+        raise ValueError(f'v_layout must be "token_major" or "fp8_transposed", got {v_layout!r}')
+    return v_layout == "fp8_transposed"
 
 
 def _decode_outputs(q, out, lse, return_lse: bool, function: str):

@@ -60,15 +60,16 @@ def _(q, kv_cache, block_table, seq_lens, softmax_scale, output_scale=1.0, causa
 @torch.library.custom_op("speedmla::mla_prefill", mutates_args=())
 def mla_prefill(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 causal: bool, softmax_scale: float,
-                output_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
+                output_scale: float = 1.0, v_layout: str = "token_major") -> Tuple[Tensor, Tensor]:
     """Ragged MLA prefill (speedmla.ops.mla_prefill): (out [total_q, H, 128] BF16,
     lse [total_q, H] FP32, natural log)."""
     return ops.mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                           softmax_scale=softmax_scale, output_scale=output_scale, return_lse=True)
+                           softmax_scale=softmax_scale, output_scale=output_scale, return_lse=True,
+                           v_layout=v_layout)
 
 
 @mla_prefill.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, output_scale=1.0):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, output_scale=1.0, v_layout="token_major"):
     total_q, heads, _ = q.shape
     return (q.new_empty((total_q, heads, ops.PREFILL_V_DIM), dtype=torch.bfloat16),
             q.new_empty((total_q, heads), dtype=torch.float32))
@@ -124,18 +125,19 @@ def _(x, scale_inv=1.0):
 @torch.library.custom_op("speedmla::pack_prefill_kv", mutates_args=())
 def pack_prefill_kv(k_nope: Tensor, k_rope: Tensor, v: Tensor,
                     dtype: torch.dtype = torch.float8_e4m3fn, k_scale_inv: float = 1.0,
-                    v_scale_inv: float = 1.0) -> Tuple[Tensor, Tensor]:
+                    v_scale_inv: float = 1.0, v_layout: str = "token_major") -> Tuple[Tensor, Tensor]:
     """Prefill keys k_nope ‖ k_rope [T, H, 192] and values [T, H, 128] in `dtype`
-    (float8_e4m3fn or bfloat16; speedmla.ops.pack_prefill_kv)."""
+    (float8_e4m3fn or bfloat16; speedmla.ops.pack_prefill_kv); v_layout "fp8_transposed":
+    values [H, 128, T rounded up to 16] for mla_prefill's v_layout of that name."""
     return ops.pack_prefill_kv(k_nope, k_rope, v, dtype=str(dtype).removeprefix("torch."),
-                               k_scale_inv=k_scale_inv, v_scale_inv=v_scale_inv)
+                               k_scale_inv=k_scale_inv, v_scale_inv=v_scale_inv, v_layout=v_layout)
 
 
 @pack_prefill_kv.register_fake
-def _(k_nope, k_rope, v, dtype=torch.float8_e4m3fn, k_scale_inv=1.0, v_scale_inv=1.0):
+def _(k_nope, k_rope, v, dtype=torch.float8_e4m3fn, k_scale_inv=1.0, v_scale_inv=1.0, v_layout="token_major"):
     tokens, heads, _ = k_nope.shape
     return (k_nope.new_empty((tokens, heads, ops.PREFILL_QK_DIM), dtype=dtype),
-            k_nope.new_empty((tokens, heads, ops.PREFILL_V_DIM), dtype=dtype))
+            k_nope.new_empty(ops.value_shape(tokens, heads, v_layout), dtype=dtype))
 
 
 __all__ = ["gather_cache", "kv_cache_write", "merge_attn_states", "mla_decode", "mla_prefill",

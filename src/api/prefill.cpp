@@ -3,6 +3,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "api/check.h"
 #include "kernels/check/value_checks.h"
 #include "kernels/prefill/sm90/launch.h"
@@ -32,7 +35,8 @@ void check_cu_seqlens_values(const detail::ArgChecker& check, const TensorView& 
 // What the SM90 kernel needs beyond the contract's checks, then the launch. cu_seqlens stay on
 // the device: the kernel clamps every length it reads to the tensors.
 void run_on_gpu(const detail::ArgChecker& check, const TensorView& q, const TensorView& k, const TensorView& v,
-                const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
+                PrefillValueLayout v_layout, const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                const TensorView& out,
                 const std::optional<TensorView>& lse, bool causal, float softmax_scale, float output_scale,
                 Stream stream) {
   check.require(softmax_scale > 0.f, "softmax_scale must be > 0 on the GPU, got ", softmax_scale);
@@ -58,12 +62,28 @@ void run_on_gpu(const detail::ArgChecker& check, const TensorView& q, const Tens
     detail::check_cuda(cudaGetLastError(), check.function(), "the check mode's validation kernel launch");
   }
   const kernels::prefill_sm90::PrefillViews views{
-      q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse ? &*lse : nullptr, causal, softmax_scale, output_scale,
-      device_sm_count(q.device.index)};
+      q, k, v, cu_seqlens_q, cu_seqlens_k, out, v_layout == PrefillValueLayout::kFp8Transposed,
+      lse ? &*lse : nullptr, causal, softmax_scale, output_scale, device_sm_count(q.device.index)};
   const auto status = kernels::prefill_sm90::run_prefill(views, reinterpret_cast<cudaStream_t>(stream));
   check.require(status.tensor_map_error == 0, "could not describe ", status.tensor_map_name,
                 " to the TMA unit (cuTensorMapEncodeTiled error ", status.tensor_map_error, ")");
   detail::check_cuda(status.cuda_error, check.function(), "prefill kernel launch");
+}
+
+// The CPU reference reads token-major values: transposed ones are copied back to that layout
+// (FP8 bytes moved, not converted).
+std::vector<uint8_t> token_major_values(const TensorView& v_t, int64_t total_k) {
+  const int64_t heads = v_t.size(0);
+  std::vector<uint8_t> values(static_cast<size_t>(total_k * heads * kPrefillVDim));
+  const auto* base = static_cast<const uint8_t*>(v_t.data);
+  for (int64_t t = 0; t < total_k; ++t) {
+    const int64_t position = fp8_transposed_value_position(t);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kPrefillVDim; ++d)
+        values[static_cast<size_t>((t * heads + h) * kPrefillVDim + d)] =
+            base[h * v_t.strides[0] + d * v_t.strides[1] + position];
+  }
+  return values;
 }
 
 }  // namespace
@@ -72,7 +92,18 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                  const TensorView& out, const std::optional<TensorView>& lse, bool causal,
                  float softmax_scale, float output_scale, Stream stream) {
+  mla_prefill(q, k, v, PrefillValueLayout::kTokenMajor, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale,
+              output_scale, stream);
+}
+
+void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, PrefillValueLayout v_layout,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                 const TensorView& out, const std::optional<TensorView>& lse, bool causal,
+                 float softmax_scale, float output_scale, Stream stream) {
   const detail::ArgChecker check("mla_prefill");
+  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
+  check.require(transposed || v_layout == PrefillValueLayout::kTokenMajor, "v_layout must be kTokenMajor or ",
+                "kFp8Transposed, got ", static_cast<int>(v_layout));
   check.defined(q, "q", 3);
   check.defined(k, "k", 3);
   check.defined(v, "v", 3);
@@ -95,13 +126,22 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   const int64_t total_k = k.size(0), num_kv_heads = k.size(1);
   check.dim(q, "q", 2, kPrefillQkDim);
   check.dim(k, "k", 2, kPrefillQkDim);
-  check.dim(v, "v", 2, kPrefillVDim);
+  if (transposed) {
+    check.require(q.dtype == DType::kFloat8E4M3, "q (and k, v) must be FP8 e4m3 with v_layout kFp8Transposed ",
+                  "(an FP8 layout), got ", dtype_name(q.dtype));
+    check.dim(v, "v", 0, num_kv_heads);
+    check.dim(v, "v", 1, kPrefillVDim);
+    check.require(v.size(2) >= total_k && v.size(2) % kFp8TransposedGroupTokens == 0, "v.shape[2] (kFp8Transposed: token positions) ",
+                  "must be a multiple of 16 and >= total_k = ", total_k, ", got ", v.size(2));
+  } else {
+    check.dim(v, "v", 0, total_k);
+    check.dim(v, "v", 1, num_kv_heads);
+    check.dim(v, "v", 2, kPrefillVDim);
+  }
   check.require(num_kv_heads >= 1, "k.shape[1] (H_kv) must be >= 1, got ", num_kv_heads);
   check.require(num_heads >= num_kv_heads && num_heads % num_kv_heads == 0,
                 "q.shape[1] (H) must be a positive multiple of k.shape[1] (H_kv = ", num_kv_heads,
                 "), got ", num_heads);
-  check.dim(v, "v", 0, total_k);
-  check.dim(v, "v", 1, num_kv_heads);
   check.dim(out, "out", 0, total_q);
   check.dim(out, "out", 1, num_heads);
   check.dim(out, "out", 2, kPrefillVDim);
@@ -139,12 +179,20 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   check.finite(output_scale, "output_scale");
 
   if (device.kind == DeviceKind::kCUDA) {
-    run_on_gpu(check, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, output_scale, stream);
+    run_on_gpu(check, q, k, v, v_layout, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, output_scale,
+               stream);
     return;
   }
 
   check_cu_seqlens_values(check, cu_seqlens_q, "cu_seqlens_q", total_q, "q.shape[0]");
   check_cu_seqlens_values(check, cu_seqlens_k, "cu_seqlens_k", total_k, "k.shape[0]");
+  if (transposed) {
+    std::vector<uint8_t> values = token_major_values(v, total_k);
+    const TensorView token_major = make_view(values.data(), v.dtype, v.device, {total_k, num_kv_heads, kPrefillVDim});
+    reference::mla_prefill(q, k, token_major, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale,
+                           output_scale);
+    return;
+  }
   reference::mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale,
                          output_scale);
 }

@@ -107,8 +107,17 @@ void quantize_fp8(const TensorView& x, const TensorView& out, float scale_inv, S
 void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                      const TensorView& k_out, const TensorView& v_out, float k_scale_inv,
                      float v_scale_inv, Stream stream) {
+  pack_prefill_kv(k_nope, k_rope, v, k_out, v_out, PrefillValueLayout::kTokenMajor, k_scale_inv, v_scale_inv, stream);
+}
+
+void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
+                     const TensorView& k_out, const TensorView& v_out, PrefillValueLayout v_layout,
+                     float k_scale_inv, float v_scale_inv, Stream stream) {
   constexpr int64_t kNopeDim = kPrefillQkDim - kRopeDim;
   const detail::ArgChecker check("pack_prefill_kv");
+  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
+  check.require(transposed || v_layout == PrefillValueLayout::kTokenMajor, "v_layout must be kTokenMajor or ",
+                "kFp8Transposed, got ", static_cast<int>(v_layout));
   check.defined(k_nope, "k_nope", 3);
   const int64_t tokens = k_nope.size(0), heads = k_nope.size(1);
   // [T, H, width] of a dtype in `dtypes`, last dim contiguous, on k_nope's device.
@@ -135,7 +144,21 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   check.same_device(k_rope, "k_rope", k_nope.device);
   check_rows(v, "v", kPrefillVDim, kActivationDtypes);
   check_rows(k_out, "k_out", kPrefillQkDim, {DType::kFloat8E4M3, DType::kBFloat16});
-  check_rows(v_out, "v_out", kPrefillVDim, {k_out.dtype});
+  if (transposed) {
+    check.require(k_out.dtype == DType::kFloat8E4M3, "k_out must be FP8 e4m3 with v_layout kFp8Transposed (an FP8 ",
+                  "layout), got ", dtype_name(k_out.dtype));
+    check.defined(v_out, "v_out", 3);
+    check.dtype(v_out, "v_out", {DType::kFloat8E4M3});
+    check.dim(v_out, "v_out", 0, heads);
+    check.dim(v_out, "v_out", 1, kPrefillVDim);
+    check.require(v_out.size(2) >= tokens && v_out.size(2) % kFp8TransposedGroupTokens == 0, "v_out.shape[2] (kFp8Transposed: token ",
+                  "positions) must be a multiple of 16 and >= T = ", tokens, ", got ", v_out.size(2));
+    check.last_dim_contiguous(v_out, "v_out");
+    check.same_device(v_out, "v_out", k_nope.device);
+    if (v_out.is_cuda()) check.aligned(v_out, "v_out", 16);  // 16-byte stores of one group's positions
+  } else {
+    check_rows(v_out, "v_out", kPrefillVDim, {k_out.dtype});
+  }
   for (const auto& [written, name] : {std::pair{k_out, "k_out"}, std::pair{v_out, "v_out"}}) {
     check.non_overlapping(written, name);
     check.disjoint(written, name, k_nope, "k_nope");
@@ -147,7 +170,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   check.finite(v_scale_inv, "v_scale_inv");
 
   if (!k_nope.is_cuda())
-    return reference::pack_prefill_kv(k_nope, k_rope, v, k_out, v_out, k_scale_inv, v_scale_inv);
+    return reference::pack_prefill_kv(k_nope, k_rope, v, k_out, v_out, v_layout, k_scale_inv, v_scale_inv);
   const detail::DeviceGuard guard(k_nope.device, check.function());
   kernels::run_pack_prefill_kv({.k_nope = k_nope.data,
                                 .k_nope_dtype = k_nope.dtype,
@@ -164,8 +187,11 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
                                 .k_out_stride_token = k_out.stride(0),
                                 .k_out_stride_head = k_out.stride(1),
                                 .v_out = v_out.data,
-                                .v_out_stride_token = v_out.stride(0),
-                                .v_out_stride_head = v_out.stride(1),
+                                // Transposed: [H, 128, P], the head and dim strides.
+                                .v_out_stride_token = transposed ? 0 : v_out.stride(0),
+                                .v_out_stride_head = transposed ? v_out.stride(0) : v_out.stride(1),
+                                .v_out_transposed = transposed,
+                                .v_out_stride_dim = transposed ? v_out.stride(1) : 0,
                                 .out_dtype = k_out.dtype,
                                 .num_tokens = tokens,
                                 .num_heads = heads,

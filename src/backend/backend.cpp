@@ -596,10 +596,18 @@ void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k
                                         const TensorView& cu_seqlens_k, bool causal,
                                         float softmax_scale, const TensorView& out,
                                         const TensorView& lse, Stream stream) {
+  forward_extend_chunked(q, k, v, PrefillValueLayout::kTokenMajor, cu_seqlens_q, cu_seqlens_k, causal,
+                         softmax_scale, out, lse, stream);
+}
+
+void MlaBackend::forward_extend_chunked(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        PrefillValueLayout v_layout, const TensorView& cu_seqlens_q,
+                                        const TensorView& cu_seqlens_k, bool causal, float softmax_scale,
+                                        const TensorView& out, const TensorView& lse, Stream stream) {
   const ArgChecker c("MlaBackend::forward_extend_chunked");
   c.defined(q, "q", 3);
   c.dim(q, "q", 1, impl_->config.num_local_heads());
-  mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, 1.0f, stream);
+  mla_prefill(q, k, v, v_layout, cu_seqlens_q, cu_seqlens_k, out, lse, causal, softmax_scale, 1.0f, stream);
 }
 
 void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_cache,
@@ -625,7 +633,14 @@ void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_
   };
   check_rows(scratch.latent, "scratch.latent", 2, rows);
   check_rows(scratch.k, "scratch.k", 3, rows);
-  check_rows(scratch.v, "scratch.v", 3, rows);
+  const bool transposed = scratch.v_layout == PrefillValueLayout::kFp8Transposed;
+  if (transposed) {
+    c.defined(scratch.v, "scratch.v", 3);
+    c.require(scratch.v.shape[2] >= rows, "scratch.v (kFp8Transposed) must have at least ", rows,
+              " token positions, got shape ", detail::shape_of(scratch.v));
+  } else {
+    check_rows(scratch.v, "scratch.v", 3, rows);
+  }
   check_rows(scratch.out, "scratch.out", 3, total_q);
   check_rows(scratch.lse, "scratch.lse", 2, total_q);
   c.require(scratch.k.is_contiguous() && scratch.v.is_contiguous(),
@@ -637,10 +652,10 @@ void MlaBackend::attend_cached_prefix(const TensorView& q, const TensorView& kv_
     const int64_t tokens = md.chunks.cu_seq_lens[loop][md.num_extends];
     const TensorView latent = detail::slice_rows(scratch.latent, 0, tokens);
     const TensorView k = detail::slice_rows(scratch.k, 0, tokens);
-    const TensorView v = detail::slice_rows(scratch.v, 0, tokens);
+    const TensorView v = transposed ? scratch.v : detail::slice_rows(scratch.v, 0, tokens);
     gather_cache(kv_cache, md.chunk_slots[loop], latent, k_scale, stream);
     expand(latent, k, v);
-    mla_prefill(q, k, v, md.cu_extend_seq_lens, md.chunk_cu_seq_lens[loop], partial_out,
+    mla_prefill(q, k, v, scratch.v_layout, md.cu_extend_seq_lens, md.chunk_cu_seq_lens[loop], partial_out,
                 partial_lse, /*causal=*/false, softmax_scale, 1.0f, stream);
     merge_attn_states(out, lse, partial_out, partial_lse, out, lse, stream);
   }

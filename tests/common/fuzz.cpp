@@ -132,9 +132,16 @@ Case base_prefill(std::mt19937_64& rng, Target) {
   total_k += uniform(rng, 0, 2);
   Case c;
   c.op = Op::kPrefill;
+  // FP8 values in the transposed layout now and then: [H_kv, 128, T], T the keys rounded up to 16
+  // (sometimes a group more).
+  if (dtype == DType::kFloat8E4M3 && chance(rng, 0.4)) c.v_layout = PrefillValueLayout::kFp8Transposed;
+  const std::vector<int64_t> v_shape =
+      c.v_layout == PrefillValueLayout::kFp8Transposed
+          ? std::vector<int64_t>{kv_heads, kPrefillVDim, fp8_transposed_value_positions(total_k) + 16 * uniform(rng, 0, 1)}
+          : std::vector<int64_t>{total_k, kv_heads, kPrefillVDim};
   c.args = {make_arg("q", Role::kInput, dtype, {total_q, heads, kPrefillQkDim}),
             make_arg("k", Role::kInput, dtype, {total_k, kv_heads, kPrefillQkDim}),
-            make_arg("v", Role::kInput, dtype, {total_k, kv_heads, kPrefillVDim}),
+            make_arg("v", Role::kInput, dtype, v_shape),
             make_arg("cu_seqlens_q", Role::kInput, DType::kInt32, {batch + 1}),
             make_arg("cu_seqlens_k", Role::kInput, DType::kInt32, {batch + 1}),
             make_arg("out", Role::kOutput, DType::kBFloat16, {total_q, heads, kPrefillVDim}),
@@ -205,11 +212,16 @@ Case base_pack(std::mt19937_64& rng, Target) {
   if (chance(rng, 0.3)) rope_shape = {tokens, 1, kRopeDim};
   Case c;
   c.op = Op::kPack;
+  if (out == DType::kFloat8E4M3 && chance(rng, 0.4)) c.v_layout = PrefillValueLayout::kFp8Transposed;
+  const std::vector<int64_t> v_out_shape =
+      c.v_layout == PrefillValueLayout::kFp8Transposed
+          ? std::vector<int64_t>{heads, kPrefillVDim, fp8_transposed_value_positions(tokens) + 16 * uniform(rng, 0, 1)}
+          : std::vector<int64_t>{tokens, heads, kPrefillVDim};
   c.args = {make_arg("k_nope", Role::kInput, in, {tokens, heads, 128}),
             make_arg("k_rope", Role::kInput, in, rope_shape),
             make_arg("v", Role::kInput, in, {tokens, heads, 128}),
             make_arg("k_out", Role::kOutput, out, {tokens, heads, kPrefillQkDim}),
-            make_arg("v_out", Role::kOutput, out, {tokens, heads, kPrefillVDim})};
+            make_arg("v_out", Role::kOutput, out, v_out_shape)};
   c.scale_a = 1.f;
   c.scale_b = chance(rng, 0.7) ? 1.f : 0.5f;
   return c;
@@ -636,13 +648,15 @@ void call(const Case& c, const Views& v) {
       mla_decode(*v[0], *v[1], *v[2], *v[3], *v[4], v[5], v[6], c.scale_a, c.scale_b);
       return;
     case Op::kPrefill:
-      mla_prefill(*v[0], *v[1], *v[2], *v[3], *v[4], *v[5], v[6], c.causal, c.scale_a, c.scale_b);
+      mla_prefill(*v[0], *v[1], *v[2], c.v_layout, *v[3], *v[4], *v[5], v[6], c.causal, c.scale_a, c.scale_b);
       return;
     case Op::kMerge: merge_attn_states(*v[0], *v[1], *v[2], *v[3], *v[4], v[5]); return;
     case Op::kCacheWrite: kv_cache_write(*v[0], *v[1], *v[2], *v[3], c.scale_a); return;
     case Op::kGatherCache: gather_cache(*v[0], *v[1], *v[2], c.scale_a); return;
     case Op::kQuantize: quantize_fp8(*v[0], *v[1], c.scale_a); return;
-    case Op::kPack: pack_prefill_kv(*v[0], *v[1], *v[2], *v[3], *v[4], c.scale_a, c.scale_b); return;
+    case Op::kPack:
+      pack_prefill_kv(*v[0], *v[1], *v[2], *v[3], *v[4], c.v_layout, c.scale_a, c.scale_b);
+      return;
   }
 }
 
@@ -738,7 +752,8 @@ std::string Case::describe() const {
     for (size_t d = 0; d < a.strides.size(); ++d) os << (d ? ", " : "") << a.strides[d];
     os << "]; ";
   }
-  os << "scales " << scale_a << ", " << scale_b << (causal ? ", causal" : "") << ") mutations: "
+  os << "scales " << scale_a << ", " << scale_b << (causal ? ", causal" : "")
+     << (v_layout == PrefillValueLayout::kFp8Transposed ? ", v_layout kFp8Transposed" : "") << ") mutations: "
      << (mutations.empty() ? "none" : mutations);
   return os.str();
 }

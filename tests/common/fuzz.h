@@ -47,6 +47,7 @@ struct Case {
   std::vector<Arg> args;
   float scale_a = 1.f, scale_b = 1.f;  // softmax/output scale, scale_inv, scale, k/v scale_inv
   bool causal = false;
+  PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;  // prefill's v, pack's v_out
   bool must_refuse = false;   // a mutation no valid call has (wrong device, overlap, ...)
   bool values_out_of_contract = false;  // device-side values the CPU path would refuse
   std::string mutations;      // what was broken, for the failure message

@@ -95,6 +95,7 @@ std::string PrefillProblemSpec::label() const {
   os << dtype_name(dtype) << " " << name << " H=" << heads << "/" << kv_heads << (causal ? " causal" : " full")
      << " B=" << requests.size();
   if (head_pad || token_pad) os << " pad=" << head_pad << "," << token_pad;
+  if (v_layout == PrefillValueLayout::kFp8Transposed) os << " v-transposed";
   return os.str();
 }
 
@@ -117,7 +118,23 @@ PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec) {
   fill_normal(pb.v, pb.k_begin.back(), rng);
   pb.cu_q = cumulative(pb.q_begin);
   pb.cu_k = cumulative(pb.k_begin);
+  if (spec.v_layout == PrefillValueLayout::kFp8Transposed)
+    pb.v_transposed = transposed_values(pb.v, fp8_transposed_value_positions(total_k) + 16);
   return pb;
+}
+
+HostTensor transposed_values(const TensorView& v, int64_t positions) {
+  const int64_t tokens = v.shape[0], heads = v.shape[1];
+  HostTensor out(DType::kFloat8E4M3, {heads, kPrefillVDim, positions});
+  fill_bytes(out, 0xFF);  // NaN: positions no token owns
+  const auto* from = static_cast<const uint8_t*>(v.data);
+  auto* to = out.data<uint8_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kPrefillVDim; ++d)
+        to[(h * kPrefillVDim + d) * positions + fp8_transposed_value_position(t)] =
+            from[t * v.strides[0] + h * v.strides[1] + d * v.strides[2]];
+  return out;
 }
 
 PrefillResult prefill_reference(const PrefillProblem& pb) {
@@ -188,12 +205,17 @@ DevicePrefill::DevicePrefill(const PrefillProblem& pb)
   q = device_view_of(pb.q, pb.q_storage, q_storage);
   k = device_view_of(pb.k, pb.k_storage, k_storage);
   v = device_view_of(pb.v, pb.v_storage, v_storage);
+  if (pb.spec.v_layout == PrefillValueLayout::kFp8Transposed) {
+    v_transposed = DeviceTensor(pb.v_transposed);
+    v = v_transposed.view();
+  }
 }
 
 void DevicePrefill::run(const PrefillProblemSpec& s) {
   out.fill_bytes(0xFF);  // every element a request owns must be written
   lse.fill_bytes(0xFF);
-  mla_prefill(q, k, v, cu_q.view(), cu_k.view(), out.view(), lse.view(), s.causal, s.softmax_scale, s.output_scale);
+  mla_prefill(q, k, v, s.v_layout, cu_q.view(), cu_k.view(), out.view(), lse.view(), s.causal, s.softmax_scale,
+              s.output_scale);
   const cudaError_t status = cudaDeviceSynchronize();
   if (status != cudaSuccess) throw std::runtime_error(std::string("mla_prefill: ") + cudaGetErrorString(status));
 }

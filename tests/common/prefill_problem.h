@@ -32,6 +32,8 @@ struct PrefillProblemSpec {
   int64_t token_pad = 0;   // elements after each token's heads (token stride = H * head stride + token_pad)
   float softmax_scale = 0.0721688f;  // 1/sqrt(192)
   float output_scale = 1.f;
+  // kFp8Transposed (FP8): the GPU runs on v_transposed, the same values in that layout.
+  PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;
   std::string label() const;  // "bfloat16 <name> H=16/1 causal B=12"
 };
 
@@ -39,11 +41,18 @@ struct PrefillProblem {
   PrefillProblemSpec spec;
   HostTensor q_storage, k_storage, v_storage, cu_q, cu_k;
   TensorView q, k, v;  // views of the storages: [total_q, H, 192], [total_k, H_kv, 192], [total_k, H_kv, 128]
+  // v_layout kFp8Transposed: v's bytes (spare rows' NaN included) as [H_kv, 128, T] (prefill.h),
+  // T = total_k rounded up to 16 plus 16; positions past total_k hold NaN.
+  HostTensor v_transposed;
   std::vector<int64_t> q_begin, k_begin;  // cu_seqlens as int64 (B + 1 entries)
   int64_t batch() const { return static_cast<int64_t>(spec.requests.size()); }
 };
 
 PrefillProblem make_prefill_problem(const PrefillProblemSpec& spec);
+
+// FP8 values v [T, H, 128] (host, any strides) in the kFp8Transposed layout: [H, 128, positions]
+// (positions >= T, a multiple of 16), NaN at the positions of tokens >= T.
+HostTensor transposed_values(const TensorView& v, int64_t positions);
 
 // out [total_q, H, 128] BF16 and lse [total_q, H] FP32, contiguous.
 struct PrefillResult {
@@ -72,8 +81,8 @@ TensorView device_view_of(const TensorView& host_view, const HostTensor& host_st
 
 // The problem on the current device, out and lse allocated.
 struct DevicePrefill {
-  DeviceTensor q_storage, k_storage, v_storage, cu_q, cu_k, out, lse;
-  TensorView q, k, v;
+  DeviceTensor q_storage, k_storage, v_storage, v_transposed, cu_q, cu_k, out, lse;
+  TensorView q, k, v;  // v: v_transposed's view where the problem's layout is kFp8Transposed
   explicit DevicePrefill(const PrefillProblem& pb);
   // Poisons out and lse (0xFF: NaN) and runs mla_prefill; then waits for the device.
   void run(const PrefillProblemSpec& spec);

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/prefill_problem.h"
 #include "common/util.h"
 #include "reference/element.h"
 
@@ -44,15 +45,18 @@ void PrefixExpansion::operator()(const TensorView& latent, const TensorView& k, 
   }
 }
 
-void PrefixExpansion::on_device(const TensorView& latent, const TensorView& k, const TensorView& v) const {
+void PrefixExpansion::on_device(const TensorView& latent, const TensorView& k, const TensorView& v,
+                                PrefillValueLayout v_layout) const {
   if (!latent.is_contiguous() || !k.is_contiguous() || !v.is_contiguous())
     throw std::runtime_error("PrefixExpansion::on_device: the views must be contiguous");
+  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
   const auto shape_of = [](const TensorView& t) { return std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim); };
-  HostTensor latent_host(latent.dtype, shape_of(latent)), k_host(k.dtype, shape_of(k)), v_host(v.dtype, shape_of(v));
+  HostTensor latent_host(latent.dtype, shape_of(latent)), k_host(k.dtype, shape_of(k));
+  HostTensor v_host(v.dtype, transposed ? std::vector<int64_t>{latent.shape[0], heads_, kPrefillVDim} : shape_of(v));
   copy_from_device(latent, latent_host);
   (*this)(latent_host.view(), k_host.view(), v_host.view());
   copy_to_device(k_host, k);
-  copy_to_device(v_host, v);
+  copy_to_device(transposed ? transposed_values(v_host.view(), v.shape[2]) : v_host, v);
 }
 
 }  // namespace speedmla::test

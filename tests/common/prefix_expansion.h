@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla::test {
@@ -21,7 +22,9 @@ class PrefixExpansion {
   void operator()(const TensorView& latent, const TensorView& k, const TensorView& v) const;
   // The same for views on the device (k and v contiguous), through host copies. Synchronous:
   // it waits for the work queued before it and finishes its copies before returning.
-  void on_device(const TensorView& latent, const TensorView& k, const TensorView& v) const;
+  // kFp8Transposed: v is FP8 [H, 128, P] in that layout (prefill.h), NaN past the n tokens.
+  void on_device(const TensorView& latent, const TensorView& k, const TensorView& v,
+                 PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor) const;
 
  private:
   static constexpr int64_t kUsedLatent = 8;

@@ -32,6 +32,8 @@ struct ExtendCase {
   std::vector<int32_t> prefix, fresh;  // extend requests: cached and new tokens
   std::vector<int32_t> decode_lens;    // decode requests after them (seq_len, one new token each)
   int64_t capacity;                    // prefix tokens per loop
+  // kFp8Transposed (FP8): the self-pass values and the loops' scratch values in that layout.
+  PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;
 };
 
 // Bounds against the one-shot reference. The chunked result carries the kernel's own error plus
@@ -136,8 +138,9 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
 
   // On the GPU, through the backend.
   MlaBackend backend(config_for(c, current_gpu()));
+  const bool transposed = c.v_layout == PrefillValueLayout::kFp8Transposed;
   const DeviceTensor d_cache(cache), d_table(req_to_page), d_pool(pool), d_lens(lens), d_self_k(self_k),
-      d_self_v(self_v);
+      d_self_v(transposed ? transposed_values(self_v.view(), fp8_transposed_value_positions(total_q)) : self_v);
   DevicePrefill one_shot(pb);  // holds q, cu_seqlens_q and the one-shot keys on the device
   backend.init_forward_metadata(bs, n_ext, d_pool.view(), d_lens.view(), n_dec ? ForwardMode::kMixed : ForwardMode::kExtend,
                                 d_table.view(), MlaBackend::ExtendLens{prefix.view(), fresh.view()});
@@ -145,20 +148,22 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
   DeviceTensor out(DType::kBFloat16, {total_q, kHeads, kPrefillVDim}), lse(DType::kFloat32, {total_q, kHeads});
   out.fill_bytes(0xFF);
   lse.fill_bytes(0xFF);
-  backend.forward_extend_chunked(one_shot.q, d_self_k.view(), d_self_v.view(), one_shot.cu_q.view(), one_shot.cu_q.view(),
-                                 true, scale, out.view(), lse.view());
+  backend.forward_extend_chunked(one_shot.q, d_self_k.view(), d_self_v.view(), c.v_layout, one_shot.cu_q.view(),
+                                 one_shot.cu_q.view(), true, scale, out.view(), lse.view());
   const int64_t rows = std::max<int64_t>(md.chunks.max_loop_tokens, 1);
   DeviceTensor s_latent(DType::kBFloat16, {rows, kCacheRowDim}), s_k(c.dtype, {rows, kHeads, kPrefillQkDim}),
-      s_v(c.dtype, {rows, kHeads, kPrefillVDim}), s_out(DType::kBFloat16, {total_q, kHeads, kPrefillVDim}),
-      s_lse(DType::kFloat32, {total_q, kHeads});
+      s_v(c.dtype, transposed ? std::vector<int64_t>{kHeads, kPrefillVDim, fp8_transposed_value_positions(rows)}
+                              : std::vector<int64_t>{rows, kHeads, kPrefillVDim}),
+      s_out(DType::kBFloat16, {total_q, kHeads, kPrefillVDim}), s_lse(DType::kFloat32, {total_q, kHeads});
   int64_t loops = 0;
   backend.attend_cached_prefix(
       one_shot.q, d_cache.view(), k_scale,
       [&](const TensorView& l, const TensorView& k, const TensorView& v) {
         ++loops;
-        expand.on_device(l, k, v);
+        expand.on_device(l, k, v, c.v_layout);
       },
-      PrefixScratch{s_latent.view(), s_k.view(), s_v.view(), s_out.view(), s_lse.view()}, out.view(), lse.view(), scale);
+      PrefixScratch{s_latent.view(), s_k.view(), s_v.view(), s_out.view(), s_lse.view(), c.v_layout}, out.view(),
+      lse.view(), scale);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name;
   EXPECT_EQ(loops, md.chunks.num_loops) << name;
   const PrefillResult chunked{out.to_host(), lse.to_host()};
@@ -209,6 +214,15 @@ TEST_P(BackendPrefillGpu, MixedBatchExtendRowsThenDecodeRows) {
 TEST_P(BackendPrefillGpu, SingleLoopAndNoLoop) {
   run_extend_case({dtype(), {200}, {65}, {}, 8192 * 4}, "one-loop");
   run_extend_case({dtype(), {0, 0}, {130, 1}, {}, 8192 * 4}, "no-loop");
+}
+
+// FP8 with values in the kFp8Transposed layout: the self-pass and every loop's expansion.
+TEST(BackendPrefillGpuTransposedValues, ChunkedPrefixAndMixedBatch) {
+  SPEEDMLA_REQUIRE_GPU();
+  const PrefillValueLayout t = PrefillValueLayout::kFp8Transposed;
+  run_extend_case({DType::kFloat8E4M3, {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {}, 512, t}, "chunked-prefix-vt");
+  run_extend_case({DType::kFloat8E4M3, {300, 0, 1000, 64, 5}, {50, 7, 1, 129, 16}, {700, 33, 1}, 512, t}, "mixed-vt");
+  run_extend_case({DType::kFloat8E4M3, {200}, {65}, {}, 8192 * 4, t}, "one-loop-vt");
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendPrefillGpu, ::testing::Values(DType::kFloat8E4M3, DType::kBFloat16),

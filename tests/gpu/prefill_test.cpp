@@ -166,7 +166,9 @@ TEST_P(PrefillGpu, StridedViews) {
 
 // mla_prefill reads the lengths on the device and neither synchronises nor allocates: captured
 // once in a CUDA graph, it replays batches of other lengths (same buffers, same B) correctly.
-TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+// FP8 also with values in the kFp8Transposed layout (whose kernel shifts blocks by each
+// request's first key: read on the device too).
+void check_graph_replay(DType dtype, PrefillValueLayout v_layout) {
   // Each batch has as many query rows as key rows, so that one set of buffers (600 rows, the rest
   // spare) serves all three.
   const std::vector<std::vector<PrefillLengths>> batches = {
@@ -177,7 +179,8 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
   const int64_t rows = 600;
   std::vector<PrefillProblem> problems;
   for (size_t i = 0; i < batches.size(); ++i) {
-    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype(), 16, 16, true, batches[i]);
+    PrefillProblemSpec spec = make_spec("graph-" + std::to_string(i), dtype, 16, 16, true, batches[i]);
+    spec.v_layout = v_layout;
     int64_t used = 0;
     for (const PrefillLengths& r : batches[i]) used += r.q;
     spec.spare_rows = rows - used;
@@ -187,8 +190,8 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
   const PrefillProblemSpec& s = problems[0].spec;
   CapturedGraph graph;
   const std::string refused = graph.capture([&] {
-    mla_prefill(dev.q, dev.k, dev.v, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(), s.causal,
-                s.softmax_scale, s.output_scale, graph.handle());
+    mla_prefill(dev.q, dev.k, dev.v, s.v_layout, dev.cu_q.view(), dev.cu_k.view(), dev.out.view(), dev.lse.view(),
+                s.causal, s.softmax_scale, s.output_scale, graph.handle());
   });
   ASSERT_TRUE(refused.empty()) << refused;
   ASSERT_EQ(graph.ended(), cudaSuccess) << "mla_prefill must be capturable (no host sync, no allocation)";
@@ -196,6 +199,7 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     dev.q_storage.upload(pb.q_storage);
     dev.k_storage.upload(pb.k_storage);
     dev.v_storage.upload(pb.v_storage);
+    if (v_layout == PrefillValueLayout::kFp8Transposed) dev.v_transposed.upload(pb.v_transposed);
     dev.cu_q.upload(pb.cu_q);
     dev.cu_k.upload(pb.cu_k);
     dev.out.fill_bytes(0xFF);
@@ -204,7 +208,43 @@ TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
     ASSERT_EQ(graph.replay(), cudaSuccess);
     const PrefillErrors errors = compare_prefill(pb, dev.download(), prefill_reference(pb));
     report(pb, errors.worst_out, errors.worst_lse, "(graph replay)");
-    expect_within(pb, errors, bounds(dtype()));
+    expect_within(pb, errors, bounds(dtype));
+  }
+}
+
+TEST_P(PrefillGpu, CudaGraphReplayWithNewLengths) {
+  check_graph_replay(dtype(), PrefillValueLayout::kTokenMajor);
+  if (dtype() == DType::kFloat8E4M3) check_graph_replay(dtype(), PrefillValueLayout::kFp8Transposed);
+}
+
+// FP8 values already transposed (PrefillValueLayout::kFp8Transposed), the kernel that reads them
+// as they arrive: the ragged edge cases (requests starting off the layout's 16-token groups, so
+// first blocks hold other requests' tokens; NaN in the spare rows and in positions no token
+// owns, which must not reach any output), and many small requests, against the same reference.
+TEST(PrefillGpuTransposedValues, RaggedEdgeCasesAndManySmallRequests) {
+  SPEEDMLA_REQUIRE_GPU();
+  for (bool causal : {true, false})
+    for (int64_t heads : {16, 128})
+      for (int64_t kv_heads : {heads, int64_t{1}}) {
+        PrefillProblemSpec spec = make_spec("edges", DType::kFloat8E4M3, heads, kv_heads, causal, edge_requests(heads));
+        spec.v_layout = PrefillValueLayout::kFp8Transposed;
+        check_case(spec);
+        std::mt19937_64 rng = case_rng("many-small lengths");
+        spec = make_spec("many-small", DType::kFloat8E4M3, heads, kv_heads, causal, many_small_requests(rng));
+        spec.v_layout = PrefillValueLayout::kFp8Transposed;
+        check_case(spec);
+      }
+}
+
+// A small batch of the same kind, quick enough for compute-sanitizer (gpu-check.sh --sanitize):
+// requests starting off the layout's groups, tails past them, empty ones.
+TEST(PrefillGpuTransposedValues, SmallRaggedBatch) {
+  SPEEDMLA_REQUIRE_GPU();
+  const std::vector<PrefillLengths> requests = {{0, 17}, {5, 0}, {1, 300}, {150, 70}, {70, 150}, {65, 65}, {0, 9}};
+  for (bool causal : {true, false}) {
+    PrefillProblemSpec spec = make_spec("small", DType::kFloat8E4M3, 16, causal ? 16 : 1, causal, requests);
+    spec.v_layout = PrefillValueLayout::kFp8Transposed;
+    check_case(spec);
   }
 }
 

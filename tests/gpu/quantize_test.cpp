@@ -108,6 +108,43 @@ TEST_P(QuantizeGpu, PackPrefillKvMatchesReference) {
   }
 }
 
+// v_out in the kFp8Transposed layout (prefill.h): the GPU's bytes equal the reference's, the
+// positions of the last group's missing tokens included, and nothing past them (poisoned) or in
+// the gaps of a padded dim stride is written.
+TEST_P(QuantizeGpu, PackPrefillKvTransposedValuesMatchReference) {
+  SPEEDMLA_REQUIRE_GPU();
+  std::mt19937_64 rng = seeded_rng();
+  const DType in = GetParam();
+  const PackCase cases[] = {{0, 4, in}, {1, 1, in}, {16, 16, in}, {17, 3, in, true, 0, 0, 0.5f, 2.f}, {45, 8, in}};
+  for (const PackCase& p : cases) {
+    for (const int64_t spare : {int64_t{0}, int64_t{32}}) {  // positions past the tokens' groups
+      const int64_t positions = (p.tokens + 15) / 16 * 16 + spare;
+      Mirror k_nope = head_rows(in, p.tokens, p.heads, kNopeDim);
+      Mirror k_rope = p.rope_3d ? Mirror(in, {p.tokens, 1, kRopeDim}) : Mirror(in, {p.tokens, kRopeDim});
+      Mirror v = head_rows(p.v_dtype, p.tokens, p.heads, kPrefillVDim);
+      Mirror k_out = head_rows(DType::kFloat8E4M3, p.tokens, p.heads, kPrefillQkDim);
+      // Dim stride: the positions plus 16 bytes of gap.
+      Mirror v_out(DType::kFloat8E4M3, {p.heads, kPrefillVDim, positions},
+                   {kPrefillVDim * (positions + 16), positions + 16, 1});
+      for (Mirror* t : {&k_nope, &k_rope, &v}) {
+        fill_wide(t->host, rng);
+        t->upload();
+      }
+      k_out.poison();
+      v_out.poison();
+      SCOPED_TRACE(testing::Message() << "tokens " << p.tokens << " heads " << p.heads << " positions " << positions
+                                      << " v " << v.layout());
+      pack_prefill_kv(k_nope.host_view(), k_rope.host_view(), v.host_view(), k_out.host_view(), v_out.host_view(),
+                      PrefillValueLayout::kFp8Transposed, p.k_scale_inv, p.v_scale_inv);
+      pack_prefill_kv(k_nope.device_view(), k_rope.device_view(), v.device_view(), k_out.device_view(),
+                      v_out.device_view(), PrefillValueLayout::kFp8Transposed, p.k_scale_inv, p.v_scale_inv);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(bitwise_equal(k_out.download(), k_out.host)) << "k_out";
+      EXPECT_TRUE(bitwise_equal(v_out.download(), v_out.host)) << "v_out";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(InputDtypes, QuantizeGpu,
                          testing::Values(DType::kBFloat16, DType::kFloat16, DType::kFloat32),
                          DtypeParamName());

@@ -169,25 +169,44 @@ def expand_numpy(w_k, w_v):
     return expand
 
 
-def test_chunked_prefill_over_several_loops_equals_one_shot(rng):
-    heads, page = 2, 16
-    backend = speedmla.MlaBackend(config(num_heads=heads, tp_size=1, page_size=page,
-                                         context_len=200, chunked_prefill_capacity=10))
-    prefix, fresh = [23, 4, 0], [3, 6, 2]  # chunk = 10 // 3 = 3: request 0 needs 8 loops
-    n = len(prefix)
-    req_to_page = np.zeros((4, 13), np.int32)
-    page_ids = rng.permutation(np.arange(1, 13))  # scattered pages
-    req_to_page[1, :2], req_to_page[3, :1], req_to_page[0, :1] = page_ids[:2], page_ids[2:3], page_ids[3:4]
-    pool = np.array([1, 3, 0], np.int64)
-    cache = np.full((13 * page, 1, 576), 0xFFFF, np.uint16)  # NaN wherever no prefix lives
-    w_k = rng.uniform(-0.05, 0.05, (heads, 512, 128))
-    w_v = rng.uniform(-0.5, 0.5, (heads, 512, 128))
-    expand = expand_numpy(w_k, w_v)
+class ChunkedPrefixBatch:
+    """Three extend requests with cached prefixes in scattered pages of a BF16 cache (NaN where no
+    prefix lives), a backend whose chunked-prefill capacity makes request 0 take 8 loops, and the
+    model's kv_b_proj stand-in weights."""
 
-    latents = [ref.bf16_bits(rng.uniform(-1, 1, (p + f, 576))) for p, f in zip(prefix, fresh)]
-    for b in range(n):
-        for pos in range(prefix[b]):
-            cache[req_to_page[pool[b], pos // page] * page + pos % page, 0] = latents[b][pos]
+    heads, page = 2, 16
+    prefix, fresh = [23, 4, 0], [3, 6, 2]  # chunk = 10 // 3 = 3: request 0 needs 8 loops
+
+    def __init__(self, rng):
+        heads, page, n = self.heads, self.page, len(self.prefix)
+        self.backend = speedmla.MlaBackend(config(num_heads=heads, tp_size=1, page_size=page,
+                                                  context_len=200, chunked_prefill_capacity=10))
+        self.req_to_page = np.zeros((4, 13), np.int32)
+        page_ids = rng.permutation(np.arange(1, 13))  # scattered pages
+        rtp = self.req_to_page
+        rtp[1, :2], rtp[3, :1], rtp[0, :1] = page_ids[:2], page_ids[2:3], page_ids[3:4]
+        self.pool = np.array([1, 3, 0], np.int64)
+        self.cache = np.full((13 * page, 1, 576), 0xFFFF, np.uint16)
+        self.w_k = rng.uniform(-0.05, 0.05, (heads, 512, 128))
+        self.w_v = rng.uniform(-0.5, 0.5, (heads, 512, 128))
+        self.latents = [ref.bf16_bits(rng.uniform(-1, 1, (p + f, 576))) for p, f in zip(self.prefix, self.fresh)]
+        for b in range(n):
+            for pos in range(self.prefix[b]):
+                self.cache[rtp[self.pool[b], pos // page] * page + pos % page, 0] = self.latents[b][pos]
+        self.cu_q = np.concatenate([[0], np.cumsum(self.fresh)]).astype(np.int32)
+
+    def init_metadata(self):
+        n = len(self.prefix)
+        self.backend.init_forward_metadata(n, n, self.pool, np.add(self.prefix, self.fresh).astype(np.int32), "extend",
+                                           self.req_to_page, extend_prefix_lens_cpu=self.prefix,
+                                           extend_seq_lens_cpu=self.fresh)
+        assert self.backend.chunked_prefill_metadata.chunked_loop_num == 8
+
+
+def test_chunked_prefill_over_several_loops_equals_one_shot(rng):
+    batch = ChunkedPrefixBatch(rng)
+    heads, prefix, fresh, latents = batch.heads, batch.prefix, batch.fresh, batch.latents
+    expand = expand_numpy(batch.w_k, batch.w_v)
 
     def expanded(rows):
         k = np.zeros((len(rows), heads, 192), np.uint16)
@@ -196,22 +215,63 @@ def test_chunked_prefill_over_several_loops_equals_one_shot(rng):
         return k, v
 
     q = ref.bf16_bits(rng.uniform(-1, 1, (sum(fresh), heads, 192)))
-    cu_q = np.concatenate([[0], np.cumsum(fresh)]).astype(np.int32)
+    cu_q = batch.cu_q
     self_k, self_v = expanded(np.concatenate([lat[p:] for lat, p in zip(latents, prefix)]))
     all_k, all_v = expanded(np.concatenate(latents))
     cu_all = np.concatenate([[0], np.cumsum(np.add(prefix, fresh))]).astype(np.int32)
 
-    backend.init_forward_metadata(n, n, pool, np.add(prefix, fresh).astype(np.int32), "extend",
-                                  req_to_page, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=fresh)
-    assert backend.chunked_prefill_metadata.chunked_loop_num == 8
-    out, lse = backend.forward_extend_chunked(q, self_k, self_v, 0.08, None, cum_seq_lens_q=cu_q,
-                                              cum_seq_lens_kv=cu_q, causal=True)
-    backend.attend_cached_prefix(q, cache, expand, out, lse, 0.08)
+    batch.init_metadata()
+    out, lse = batch.backend.forward_extend_chunked(q, self_k, self_v, 0.08, None, cum_seq_lens_q=cu_q,
+                                                    cum_seq_lens_kv=cu_q, causal=True)
+    batch.backend.attend_cached_prefix(q, batch.cache, expand, out, lse, 0.08)
 
     expected, expected_lse = ref.prefill(ref.bf16_values(q), ref.bf16_values(all_k),
                                          ref.bf16_values(all_v), cu_q, cu_all, True, 0.08)
     np.testing.assert_allclose(ref.bf16_values(out), expected, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_attend_cached_prefix_takes_fp8_transposed_values(rng):
+    """The FP8 prefix loops with the expander packing v token-major or in the fp8_transposed
+    layout (pack_prefill_kv's v_layout): the same bits."""
+    batch = ChunkedPrefixBatch(rng)
+
+    def expand_fp8(layout):
+        def expand(latent, k, v):
+            x = ref.bf16_values(latent)
+            k_nope = np.einsum("nd,hde->nhe", x[:, :512], batch.w_k).astype(np.float32)
+            values = np.einsum("nd,hde->nhe", x[:, :512], batch.w_v).astype(np.float32)
+            speedmla.pack_prefill_kv(k_nope, x[:, 512:].astype(np.float32), values, k_out=k, v_out=v,
+                                     v_layout=layout)
+        return expand
+
+    q = speedmla.quantize_fp8(rng.uniform(-2, 2, (sum(batch.fresh), batch.heads, 192)).astype(np.float32))
+    results = []
+    for layout in ("token_major", "fp8_transposed"):
+        batch.init_metadata()
+        out = np.zeros((sum(batch.fresh), batch.heads, 128), np.uint16)
+        lse = np.full((sum(batch.fresh), batch.heads), -np.inf, np.float32)  # nothing attended yet
+        batch.backend.attend_cached_prefix(q, batch.cache, expand_fp8(layout), out, lse, 0.08, v_layout=layout)
+        results.append((out, lse))
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+    assert np.isfinite(results[0][1]).any()  # the prefixes were attended
+
+
+def test_forward_extend_chunked_takes_fp8_transposed_values(rng):
+    heads = 2
+    backend = speedmla.MlaBackend(config(num_heads=heads, tp_size=1))
+    cu = np.array([0, 7, 7, 30], np.int32)
+    k_nope = rng.uniform(-2, 2, (30, heads, 128)).astype(np.float32)
+    k_rope = rng.uniform(-2, 2, (30, 64)).astype(np.float32)
+    v = rng.uniform(-2, 2, (30, heads, 128)).astype(np.float32)
+    k, v_plain = speedmla.pack_prefill_kv(k_nope, k_rope, v)
+    _, v_t = speedmla.pack_prefill_kv(k_nope, k_rope, v, v_layout="fp8_transposed")
+    q = speedmla.quantize_fp8(rng.uniform(-2, 2, (30, heads, 192)).astype(np.float32))
+    out, lse = backend.forward_extend_chunked(q, k, v_plain, 0.1, None, cum_seq_lens_q=cu, cum_seq_lens_kv=cu,
+                                              causal=True)
+    out_t, lse_t = backend.forward_extend_chunked(q, k, v_t, 0.1, None, cum_seq_lens_q=cu, cum_seq_lens_kv=cu,
+                                                  causal=True, v_layout="fp8_transposed")
+    assert np.array_equal(out, out_t) and np.array_equal(lse, lse_t)
 
 
 @pytest.mark.parametrize("changes, message", [

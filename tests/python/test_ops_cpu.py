@@ -143,6 +143,27 @@ def test_pack_prefill_kv(rng):
     assert same_values(ref.bf16_values(k16), ref.bf16_values(ref.bf16_bits(expected_k)))
 
 
+def test_fp8_transposed_values_give_the_token_major_result(rng):
+    heads, tokens = 2, 37
+    cu = np.array([0, 5, 21, tokens], np.int32)  # requests starting off the layout's 16-token groups
+    k_nope = rng.uniform(-4, 4, (tokens, heads, 128)).astype(np.float32)
+    k_rope = rng.uniform(-4, 4, (tokens, 64)).astype(np.float32)
+    v = rng.uniform(-4, 4, (tokens, heads, 128)).astype(np.float32)
+    k, v_plain = speedmla.pack_prefill_kv(k_nope, k_rope, v)
+    k_t, v_t = speedmla.pack_prefill_kv(k_nope, k_rope, v, v_layout="fp8_transposed")
+    assert v_t.shape == (heads, 128, 48) and np.array_equal(k, k_t)
+    q = speedmla.quantize_fp8(rng.uniform(-2, 2, (tokens, heads, 192)).astype(np.float32))
+    for causal in (True, False):
+        out, lse = speedmla.mla_prefill(q, k, v_plain, cu, cu, causal=causal, softmax_scale=0.1, return_lse=True)
+        out_t, lse_t = speedmla.mla_prefill(q, k_t, v_t, cu, cu, causal=causal, softmax_scale=0.1,
+                                            return_lse=True, v_layout="fp8_transposed")
+        assert np.array_equal(out, out_t) and np.array_equal(lse, lse_t)
+    with pytest.raises(Exception, match="v_layout"):
+        speedmla.mla_prefill(q, k, v_plain, cu, cu, causal=True, softmax_scale=0.1, v_layout="transposed")
+    with pytest.raises(speedmla.Error, match="k_out must be FP8 e4m3 with v_layout kFp8Transposed"):
+        speedmla.pack_prefill_kv(k_nope, k_rope, v, dtype="bfloat16", v_layout="fp8_transposed")
+
+
 def test_small_helpers():
     assert speedmla.decode_page_size_supported(64) and not speedmla.decode_page_size_supported(48)
     assert speedmla.mla_decode_workspace_size(4, 16, 2, 132) > 0

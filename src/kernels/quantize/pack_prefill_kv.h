@@ -23,8 +23,12 @@ struct PackPrefillKvParams {
   int64_t v_stride_token, v_stride_head;
   void* k_out;         // [num_tokens, num_heads, 192] of out_dtype (written)
   int64_t k_out_stride_token, k_out_stride_head;
-  void* v_out;         // [num_tokens, num_heads, 128] of out_dtype (written)
+  void* v_out;         // [num_tokens, num_heads, 128] of out_dtype (written), or transposed below
   int64_t v_out_stride_token, v_out_stride_head;
+  // PrefillValueLayout::kFp8Transposed (FP8): v_out [num_heads, 128, P], P >= num_tokens rounded
+  // up to 16; v_out_stride_head and v_out_stride_dim its strides, 16-byte multiples.
+  bool v_out_transposed;
+  int64_t v_out_stride_dim;
   DType out_dtype;     // FP8 e4m3 or BF16
   int64_t num_tokens, num_heads;
   float k_scale_inv, v_scale_inv;

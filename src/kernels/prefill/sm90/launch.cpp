@@ -31,8 +31,9 @@ PrefillLaunchStatus run_prefill(const PrefillViews& views, cudaStream_t stream) 
   p.score_scale_log2 = views.softmax_scale * 1.4426950408889634f;
   p.output_scale = views.output_scale;
   if (p.batch == 0 || p.total_q == 0) return {};
-  return views.q.dtype == DType::kFloat8E4M3 ? launch_prefill_fp8(views, p, stream)
-                                             : launch_prefill_bf16(views, p, stream);
+  if (views.q.dtype != DType::kFloat8E4M3) return launch_prefill_bf16(views, p, stream);
+  return views.values_transposed ? launch_prefill_fp8_transposed_values(views, p, stream)
+                                 : launch_prefill_fp8(views, p, stream);
 }
 
 }  // namespace speedmla::kernels::prefill_sm90

@@ -12,9 +12,12 @@
 namespace speedmla::kernels::prefill_sm90 {
 
 // Views the API layer validated (speedmla/prefill.h): CUDA tensors on the current device, all
-// FP8 or all BF16, 16-byte aligned with 16-byte multiples for every stride but the last.
+// FP8 or all BF16, 16-byte aligned with 16-byte multiples for every stride but the last. v is
+// [total_k, H_kv, 128], or with values_transposed (FP8) the layout of
+// PrefillValueLayout::kFp8Transposed: [H_kv, 128, T16].
 struct PrefillViews {
   TensorView q, k, v, cu_seqlens_q, cu_seqlens_k, out;
+  bool values_transposed;
   const TensorView* lse;  // nullptr: no LSE
   bool causal;
   float softmax_scale, output_scale;
@@ -29,9 +32,12 @@ struct PrefillLaunchStatus {
 
 PrefillLaunchStatus run_prefill(const PrefillViews& views, cudaStream_t stream);
 
-// One instantiation per element type (prefill_bf16.cu, prefill_fp8.cu): encodes the q, k and v
-// descriptors with that kernel's swizzle and box, then launches it.
+// One instantiation per element type and value layout (prefill_bf16.cu, prefill_fp8.cu,
+// prefill_fp8_transposed_values.cu): encodes the q, k and v descriptors with that kernel's
+// swizzle and box, then launches it.
 PrefillLaunchStatus launch_prefill_bf16(const PrefillViews& views, const PrefillParams& params, cudaStream_t stream);
 PrefillLaunchStatus launch_prefill_fp8(const PrefillViews& views, const PrefillParams& params, cudaStream_t stream);
+PrefillLaunchStatus launch_prefill_fp8_transposed_values(const PrefillViews& views, const PrefillParams& params,
+                                                         cudaStream_t stream);
 
 }  // namespace speedmla::kernels::prefill_sm90

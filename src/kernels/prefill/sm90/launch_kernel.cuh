@@ -31,13 +31,28 @@ int encode_rows(CUtensorMap* map, const TensorView& t, const TensorView& fallbac
                                   dims, strides, box, Traits::kTmaSwizzle);
 }
 
+// A descriptor over transposed values [H_kv, 128, T16] (PrefillValueLayout::kFp8Transposed)
+// with boxes of 64 token positions x 128 value dims x 1 head: one chunk of a value block, 128
+// rows of 64 bytes, SWIZZLE_64B as the kernel's P·V reads it. Empty values: `fallback`, never read.
+inline int encode_transposed_values(CUtensorMap* map, const TensorView& v, const TensorView& fallback) {
+  if (v.numel() == 0) return encode_rows<PrefillFp8Traits>(map, fallback, fallback);
+  const uint64_t dims[3] = {static_cast<uint64_t>(v.size(2)), static_cast<uint64_t>(v.size(1)),
+                            static_cast<uint64_t>(v.size(0))};
+  const int64_t head_stride = v.size(0) > 1 ? v.strides[0] : v.size(1) * v.strides[1];
+  const uint64_t strides[2] = {static_cast<uint64_t>(v.strides[1]), static_cast<uint64_t>(head_stride)};
+  const uint32_t box[3] = {64, static_cast<uint32_t>(kVDim), 1};
+  return sm90::make_tensor_map_3d(map, v.data, sm90::TmaElement::kUInt8, dims, strides, box, sm90::TmaSwizzle::k64B);
+}
+
 template <typename Traits>
 PrefillLaunchStatus launch_prefill_kernel(const PrefillViews& views, const PrefillParams& params, cudaStream_t stream) {
   PrefillLaunchStatus status;
   CUtensorMap q_map, k_map, v_map;
   for (const auto& [map, tensor, name] : {std::tuple{&q_map, &views.q, "q"}, std::tuple{&k_map, &views.k, "k"},
                                          std::tuple{&v_map, &views.v, "v"}}) {
-    status.tensor_map_error = encode_rows<Traits>(map, *tensor, views.q);
+    status.tensor_map_error = Traits::kValuesTransposed && map == &v_map
+                                  ? encode_transposed_values(map, *tensor, views.q)
+                                  : encode_rows<Traits>(map, *tensor, views.q);
     if (status.tensor_map_error != 0) {
       status.tensor_map_name = name;
       return status;

@@ -13,7 +13,11 @@
 //                            kStages stages by TMA (one thread issues). All four warps then make
 //                            each value block ready: FP8 transposes it into the K-major V^T the
 //                            P·V wgmma needs; BF16 zeroes the rows past the request's keys in its
-//                            last block (P is 0 there, but 0 * NaN would not be).
+//                            last block (P is 0 there, but 0 * NaN would not be). FP8 values
+//                            that arrive transposed (PrefillFp8TransposedValuesTraits) are read
+//                            as loaded, their blocks aligned to the layout's 16-token groups;
+//                            only the tokens of other requests in a first or last block are
+//                            zeroed.
 //   warpgroups 1 and 2       the consumers, 64 query rows each, every key block of the tile:
 //                            S = Q·K^T (wgmma from shared memory), masked online softmax in base
 //                            2, O += P·V (P from registers). They take turns issuing their GEMMs
@@ -43,6 +47,7 @@
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/wgmma.cuh"
+#include "speedmla/prefill.h"
 
 namespace speedmla::kernels::prefill_sm90 {
 
@@ -50,6 +55,7 @@ namespace attention = sm90::attention;
 
 struct PrefillBf16Traits {
   static constexpr bool kFp8 = false;
+  static constexpr bool kValuesTransposed = false;  // V token-major, as loaded
   static constexpr int kElemBytes = 2;
   static constexpr int kStages = 2;  // 48 KB of keys + 32 KB of values each, beside a 48 KB query tile
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
@@ -67,6 +73,7 @@ struct PrefillBf16Traits {
 
 struct PrefillFp8Traits {
   static constexpr bool kFp8 = true;
+  static constexpr bool kValuesTransposed = false;  // the producer transposes V
   static constexpr int kElemBytes = 1;
   static constexpr int kStages = 3;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
@@ -90,6 +97,14 @@ struct PrefillFp8Traits {
   using ValueMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
 };
 
+// FP8 with V^T arriving already transposed (prefill.h: PrefillValueLayout::kFp8Transposed; the
+// positions of each 16-token group in the P fragments' order, probabilities.cuh): the P·V reads
+// each value block as TMA wrote it. Without the V^T buffers (56 KB) a fourth stage fits.
+struct PrefillFp8TransposedValuesTraits : PrefillFp8Traits {
+  static constexpr bool kValuesTransposed = true;
+  static constexpr int kStages = 4;
+};
+
 // What the producer hands the consumers about a tile (and, with num_blocks = -1, that no tile
 // is left).
 struct TileInfo {
@@ -99,12 +114,19 @@ struct TileInfo {
   int m0;          // the tile's first query, within the request
   int len_k;       // its keys (clamped to the tensor)
   int k_begin;     // its first k row
+  // Transposed values: the packed tokens of the request's first key block before k_begin
+  // (blocks start on the layout's 16-token groups: k_begin - key_offset is a multiple of 16);
+  // 0 otherwise. Key index i of block j is the request's key 128 j + i - key_offset.
+  int key_offset;
   int num_blocks;  // key blocks the tile needs (causal: up to its last query's diagonal)
 };
 
 template <typename Traits>
 struct PrefillKernel {
   static constexpr bool kFp8 = Traits::kFp8;
+  static constexpr bool kValuesTransposed = Traits::kValuesTransposed;
+  static constexpr bool kTransposeOnChip = kFp8 && !kValuesTransposed;  // the producer makes V^T
+  static_assert(!kValuesTransposed || kFp8, "only FP8 values arrive transposed");
   static constexpr int kStages = Traits::kStages;
   static constexpr int kRowBytes = kChunkDims * Traits::kElemBytes;  // one swizzle row
   static_assert(kRowBytes == (kFp8 ? 64 : 128), "a chunk row must be exactly one swizzle span");
@@ -128,6 +150,10 @@ struct PrefillKernel {
   static constexpr int kQBytes = kQkChunks * kChunkBytes;
   static constexpr int kKBytes = kQkChunks * kChunkBytes;
   static constexpr int kVBytes = kVChunks * kChunkBytes;
+  static_assert(!kValuesTransposed || (kVDim == kTileRows && kVChunks * 64 == kBlockKeys),
+                "transposed values: a chunk is 128 dim rows of 64 token positions, two a block");
+  // The transposed values' token groups (the P fragments' position order repeats every 16).
+  static constexpr int kValueGroupTokens = kFp8TransposedGroupTokens;
 
   // Named barriers (0 is __syncthreads): consumer c may issue its GEMMs once barrier
   // kBarTurn0 + c completes, i.e. once the other consumer has issued its own.
@@ -144,8 +170,11 @@ struct PrefillKernel {
     // Every tile buffer starts on a 1024-byte boundary (swizzle atoms); sizes are multiples.
     uint8_t q[kQBytes];
     uint8_t k[kStages][kKBytes];
-    uint8_t v[kStages][kVBytes];  // as loaded (FP8: the transposes' source)
-    alignas(16) uint8_t vt[kFp8 ? kStages : 1][kFp8 ? kVtStageBytes : 16];
+    // As loaded: token-major (BF16: the P·V's operand; FP8: the transposes' source), or
+    // transposed values: kVChunks chunks of 128 dim rows x 64 token positions, the K-major
+    // operand itself.
+    uint8_t v[kStages][kVBytes];
+    alignas(16) uint8_t vt[kTransposeOnChip ? kStages : 1][kTransposeOnChip ? kVtStageBytes : 16];
     // Each consumer warp's output rows pass through here on their way out (store_tile): half
     // of its 16 rows' value dims at a time, so that the stores to global memory are whole
     // 128-byte row segments rather than 16-byte pieces of eight rows.
@@ -156,7 +185,7 @@ struct PrefillKernel {
     uint64_t v_landed[kStages];   // TMA bytes of the value block arrived
     uint64_t v_ready[kStages];    // readable by the P·V (transposed / tail zeroed)
     uint64_t v_free[kStages];     // the consumers' P·V of the stage's block completed
-    uint64_t v_raw_free[kStages]; // FP8: the transposes have read the loaded block
+    uint64_t v_raw_free[kStages]; // FP8 transposed on chip: the transposes have read the loaded block
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment of the dynamic base
   static_assert(kSmemBytes <= 227 * 1024, "prefill shared memory exceeds the SM90 limit");
@@ -229,6 +258,7 @@ struct PrefillKernel {
     t.len_q = q_end - q_begin;
     t.k_begin = k_begin;
     t.len_k = k_end - k_begin;
+    t.key_offset = kValuesTransposed ? k_begin % kValueGroupTokens : 0;
     // In 64 bits: with a garbage cu_seqlens_q the slot can lie ~2^23 items past its request's first.
     const int64_t item = static_cast<int64_t>(slot) - slot_begin;
     return item * kPairRows < t.len_q ? static_cast<int>(item) : -1;
@@ -242,7 +272,17 @@ struct PrefillKernel {
       const int last_query = t.m0 + min(kTileRows, t.len_q - t.m0) - 1;
       visible = min(visible, max(t.len_k - t.len_q + last_query + 1, 0));  // no int overflow
     }
-    t.num_blocks = (visible + kBlockKeys - 1) / kBlockKeys;
+    t.num_blocks = visible > 0 ? (visible + t.key_offset + kBlockKeys - 1) / kBlockKeys : 0;
+  }
+
+  // The tokens of key block `block` that are the request's: [first, end) in block coordinates
+  // (first > 0 only in block 0 with transposed values; end past kBlockKeys for a full block).
+  struct BlockTokens {
+    int first, end;
+    __device__ bool complete() const { return first == 0 && end >= kBlockKeys; }
+  };
+  static __device__ BlockTokens block_tokens(const TileInfo& t, int block) {
+    return {block == 0 ? t.key_offset : 0, t.len_k + t.key_offset - block * kBlockKeys};
   }
 
   // This CTA's work item in round `round` of the persistent loop. Rounds alternate direction
@@ -267,13 +307,40 @@ struct PrefillKernel {
 #pragma unroll
     for (int c = 0; c < kQkChunks; ++c)
       sm90::tma_load_3d(s.k[stage] + c * kChunkBytes, k_map, &s.k_full[stage], c * kChunkDims, kv_head, first_key);
-    // The value buffer is free once the P·V that read it completed (BF16), or once the
-    // transposes that read it did (FP8: the P·V reads V^T).
-    sm90::mbarrier_wait(kFp8 ? &s.v_raw_free[stage] : &s.v_free[stage], at.free_parity());
+    // The value buffer is free once the P·V that read it completed (BF16, transposed values),
+    // or once the transposes that read it did (FP8 transposed on chip: the P·V reads V^T).
+    sm90::mbarrier_wait(kTransposeOnChip ? &s.v_raw_free[stage] : &s.v_free[stage], at.free_parity());
     sm90::mbarrier_arrive_expect_tx(&s.v_landed[stage], kVBytes);
 #pragma unroll
-    for (int c = 0; c < kVChunks; ++c)
-      sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], c * kChunkDims, kv_head, first_key);
+    for (int c = 0; c < kVChunks; ++c) {
+      if constexpr (kValuesTransposed)  // the map's dims: token positions, value dims, heads
+        sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], first_key + 64 * c, 0, kv_head);
+      else
+        sm90::tma_load_3d(s.v[stage] + c * kChunkBytes, v_map, &s.v_landed[stage], c * kChunkDims, kv_head, first_key);
+    }
+  }
+
+  // Transposed values: zeroes the positions of this thread's dim row (one per producer thread)
+  // whose tokens are outside [first, end) of the block (another request's values, or the
+  // layout's padding: P is 0 there, but 0 * NaN would not be). fp8_transposed_value_token says
+  // which token a position holds; piece p of a 64-byte row r sits at p ^ ((r >> 1) & 3).
+  static __device__ void zero_foreign_positions(uint32_t values, int first, int end) {
+    const int r = static_cast<int>(threadIdx.x % kWarpgroupThreads);
+#pragma unroll 1  // first and last blocks only: kept short
+    for (int group = 0; group < kBlockKeys / kValueGroupTokens; ++group) {
+      const int lo = first - kValueGroupTokens * group, hi = end - kValueGroupTokens * group;
+      if (lo <= 0 && hi >= kValueGroupTokens) continue;  // the whole group is the request's
+      uint32_t keep[4] = {0u, 0u, 0u, 0u};  // a byte mask per 4 positions
+#pragma unroll
+      for (int position = 0; position < kValueGroupTokens; ++position) {
+        const int token = fp8_transposed_value_token(position);
+        if (token >= lo && token < hi) keep[position / 4] |= 0xffu << (8 * (position % 4));
+      }
+      const int chunk = group / 4, piece = group % 4;
+      const uint32_t at = values + chunk * kChunkBytes + r * 64 + ((piece ^ ((r >> 1) & 3)) << 4);
+      const uint4 v = sm90::ld_shared_v4(at);
+      sm90::st_shared_v4(at, make_uint4(v.x & keep[0], v.y & keep[1], v.z & keep[2], v.w & keep[3]));
+    }
   }
 
   // Makes a landed value block readable by the P·V: all four producer warps, in the same order
@@ -281,14 +348,16 @@ struct PrefillKernel {
   // on v_raw_free, which the issuer waits for before it reloads the stage, so no thread can fall
   // a whole phase of a stage behind (a parity wait two phases late would take the later phase
   // for its own, and zero or transpose a block TMA has not written yet, or hang at the end).
-  // BF16 reads a full block as loaded (wait_values) and has nothing to do for it; only a partial
-  // block's tail rows are zeroed. No one waits for the other producer threads until then, so
+  // BF16 and transposed values read a complete block as loaded (wait_values) and have nothing to
+  // do for it; only a partial block's foreign tokens are zeroed (BF16: the tail rows; transposed
+  // values: zero_foreign_positions). No one waits for the other producer threads until then, so
   // they must not track v_landed's phases themselves: the issuer, who cannot lag (it reloads a
   // stage only after making this call for the block the stage held), waits for the landing and
   // lets them go through a named barrier.
-  static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, int valid) {
+  static __device__ void prepare_values(SharedStorage& s, sm90::PipelineState<kStages> at, BlockTokens tokens) {
     const int stage = at.stage();
-    if constexpr (kFp8) {
+    const int valid = tokens.end;  // token-major values: first is 0
+    if constexpr (kTransposeOnChip) {
       // Lane addresses are rebuilt per block (sm90::thread_index_here): held across the producer's
       // loops they left it short of registers.
       const uint32_t tid = sm90::thread_index_here();
@@ -309,15 +378,19 @@ struct PrefillKernel {
       }
       sm90::mbarrier_arrive(&s.v_raw_free[stage]);
     } else {
-      if (valid >= kBlockKeys) return;
+      if (tokens.complete()) return;
       if (threadIdx.x == 0) sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
       __syncwarp();  // bar.sync wants the whole warp converged
       sm90::named_barrier_sync(kBarTailLanded, kWarpgroupThreads);
       const uint32_t values = sm90::smem_u32(s.v[stage]);
-      const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
-      for (int i = threadIdx.x; i < kVChunks * pieces; i += kWarpgroupThreads)
-        sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kRowBytes + (i % pieces) * 16,
-                           make_uint4(0u, 0u, 0u, 0u));
+      if constexpr (kValuesTransposed) {
+        zero_foreign_positions(values, tokens.first, tokens.end);
+      } else {
+        const int pieces = (kBlockKeys - valid) * (kRowBytes / 16);  // per chunk; whole rows, so no swizzle
+        for (int i = threadIdx.x; i < kVChunks * pieces; i += kWarpgroupThreads)
+          sm90::st_shared_v4(values + (i / pieces) * kChunkBytes + valid * kRowBytes + (i % pieces) * 16,
+                             make_uint4(0u, 0u, 0u, 0u));
+      }
     }
     sm90::fence_proxy_async_smem();  // generic writes, then wgmma reads them
     sm90::mbarrier_arrive(&s.v_ready[stage]);
@@ -353,12 +426,12 @@ struct PrefillKernel {
         // block overlap the next one's transfer.
         for (int j = 0; j < t.num_blocks; ++j) {
           const sm90::PipelineState<kStages> at{blocks.count + j};
-          if (issuer) load_block(k_map, v_map, s, at, kv_head, t.k_begin + j * kBlockKeys);
-          if (j > 0) prepare_values(s, sm90::PipelineState<kStages>{at.count - 1}, t.len_k - (j - 1) * kBlockKeys);
+          if (issuer) load_block(k_map, v_map, s, at, kv_head, t.k_begin - t.key_offset + j * kBlockKeys);
+          if (j > 0) prepare_values(s, sm90::PipelineState<kStages>{at.count - 1}, block_tokens(t, j - 1));
         }
         if (t.num_blocks > 0)
           prepare_values(s, sm90::PipelineState<kStages>{blocks.count + t.num_blocks - 1},
-                         t.len_k - (t.num_blocks - 1) * kBlockKeys);
+                         block_tokens(t, t.num_blocks - 1));
         blocks.advance(t.num_blocks);
       }
     }
@@ -396,7 +469,16 @@ struct PrefillKernel {
   static __device__ void issue_values(SharedStorage& s, int stage, const uint32_t (&probs)[kProbRegs],
                                       float (&acc)[kAccRegs], bool accumulate) {
     sm90::wgmma_fence();
-    if constexpr (kFp8) {
+    if constexpr (kValuesTransposed) {
+      // K-major like a key block: 128 dim rows (N) of 64 token positions a chunk, two 32-position
+      // steps a chunk.
+      const uint64_t desc = sm90::make_smem_desc(s.v[stage], 16, kRowGroupBytes, Traits::kSwizzle);
+#pragma unroll
+      for (int step = 0; step < kValueSteps; ++step)
+        sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step],
+                                                sm90::desc_advance(desc, (step / 2) * kChunkBytes + (step % 2) * 32),
+                                                acc, accumulate || step > 0);
+    } else if constexpr (kFp8) {
       const uint64_t desc =
           sm90::make_smem_desc(s.vt[stage], kVtCoreStride, kVtGroupStride, sm90::SmemLayout::kInterleave);
 #pragma unroll
@@ -417,36 +499,39 @@ struct PrefillKernel {
   }
 
   // Keys a row may not see become -inf: those at or past its limit (the request's keys, and
-  // under the causal mask its diagonal). Only blocks that reach a limit of this thread's rows
-  // pay for it.
-  static __device__ void mask_block(float (&scores)[kScoreRegs], int block, const int (&limit)[2]) {
+  // under the causal mask its diagonal), in block coordinates (limits shifted by the tile's
+  // key_offset), and with transposed values the packed tokens before the request's first
+  // (`lower`, in block 0). Only blocks that reach a limit of this thread's rows pay for it.
+  static __device__ void mask_block(float (&scores)[kScoreRegs], int block, const int (&limit)[2], int lower) {
     const int first = block * kBlockKeys;
-    if (first + kBlockKeys <= min(limit[0], limit[1])) return;
+    if (first + kBlockKeys <= min(limit[0], limit[1]) && (!kValuesTransposed || first >= lower)) return;
     const int base = first + 2 * (threadIdx.x % 4);
 #pragma unroll
     for (int n = 0; n < kScoreRegs / 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = base + 8 * n + e;
-        if (key >= limit[0]) scores[4 * n + e] = -INFINITY;
-        if (key >= limit[1]) scores[4 * n + 2 + e] = -INFINITY;
+        const bool foreign = kValuesTransposed && key < lower;
+        if (key >= limit[0] || foreign) scores[4 * n + e] = -INFINITY;
+        if (key >= limit[1] || foreign) scores[4 * n + 2 + e] = -INFINITY;
       }
   }
 
   // Waits until value block `block` of the tile (in pipeline position `at`) may be read by the
-  // P·V. FP8 reads the producer's V^T (v_ready completes once per use of a stage). BF16 reads
-  // the block as TMA wrote it, so a full block waits for the transfer alone: the producer works
+  // P·V. FP8 transposed on chip reads the producer's V^T (v_ready completes once per use of a
+  // stage). BF16 and transposed values read the block as TMA wrote it, so a complete block
+  // waits for the transfer alone: the producer works
   // on a block only after issuing the next block's loads, which wait for an earlier P·V of both
   // consumers — that would put the other consumer's softmax on this one's path. A partial block
-  // waits for its zeroed tail rows: BF16's v_ready completes only for those, so its phases are
+  // waits for its zeroed foreign tokens: v_ready completes only for those, so its phases are
   // counted per stage in `tail_phases` (a bit per stage; at most one is pending per stage, as the
   // stage is not reloaded before this P·V has read it).
-  static __device__ void wait_values(SharedStorage& s, sm90::PipelineState<kStages> at, int block, int len_k,
+  static __device__ void wait_values(SharedStorage& s, sm90::PipelineState<kStages> at, const TileInfo& t, int block,
                                      uint32_t& tail_phases) {
     const int stage = at.stage();
-    if constexpr (kFp8) {
+    if constexpr (kTransposeOnChip) {
       sm90::mbarrier_wait(&s.v_ready[stage], at.full_parity());
-    } else if (len_k - block * kBlockKeys >= kBlockKeys) {
+    } else if (block_tokens(t, block).complete()) {
       sm90::mbarrier_wait(&s.v_landed[stage], at.full_parity());
     } else {
       sm90::mbarrier_wait(&s.v_ready[stage], (tail_phases >> stage) & 1u);
@@ -520,8 +605,10 @@ struct PrefillKernel {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         row[i] = t.m0 + me * kConsumerRows + 16 * warp + lane / 4 + 8 * i;
-        limit[i] = p.causal ? min(t.len_k, max(t.len_k - t.len_q + row[i] + 1, 0)) : t.len_k;
+        limit[i] = (p.causal ? min(t.len_k, max(t.len_k - t.len_q + row[i] + 1, 0)) : t.len_k) +
+                   (kValuesTransposed ? t.key_offset : 0);
       }
+      const int lower = kValuesTransposed ? t.key_offset : 0;
       softmax.reset();
       float factor[2];
       const int n = t.num_blocks;
@@ -536,7 +623,7 @@ struct PrefillKernel {
         retire_all();
         release(&s.k_free[stage]);
         if (n == 1) sm90::mbarrier_arrive(&s.q_free);
-        mask_block(scores, 0, limit);
+        mask_block(scores, 0, limit, lower);
         softmax.step(scores, p.score_scale_log2, factor);
         attention::pack_probabilities<kFp8>(scores, probs);
         for (int j = 1; j < n; ++j) {
@@ -547,7 +634,7 @@ struct PrefillKernel {
           sm90::named_barrier_sync(my_turn, kTurnThreads);
           issue_scores(s, s.k[stage], me, scores);
           if (j > 1) attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
-          wait_values(s, previous, j - 1, t.len_k, tail_phases);
+          wait_values(s, previous, t, j - 1, tail_phases);
           issue_values(s, previous.stage(), probs, acc, j > 1);
           sm90::named_barrier_arrive(their_turn, kTurnThreads);
           // S(j) is the older group in flight: wait for it alone; P·V(j - 1) runs on while
@@ -556,14 +643,14 @@ struct PrefillKernel {
           sm90::fence_registers(scores);
           release(&s.k_free[stage]);
           if (j == n - 1) sm90::mbarrier_arrive(&s.q_free);
-          mask_block(scores, j, limit);
+          mask_block(scores, j, limit, lower);
           softmax.step(scores, p.score_scale_log2, factor);
           retire_all();
           release(&s.v_free[previous.stage()]);
           attention::pack_probabilities<kFp8>(scores, probs);
         }
         if (n > 1) attention::scale_rows<false>(acc, factor[0], factor[1]);
-        wait_values(s, last, n - 1, t.len_k, tail_phases);
+        wait_values(s, last, t, n - 1, tail_phases);
         issue_values(s, last.stage(), probs, acc, n > 1);
         blocks.advance();
       }
