@@ -111,7 +111,7 @@ struct NarrowDecodeKernel {
   static constexpr int kPtGroupStride = 4 * kPtCoreStride;
   static constexpr int kPtBytes = (kRows / 8) * kPtGroupStride;
 
-  struct SharedLayout {
+  struct alignas(1024) SharedLayout {
     uint8_t k[kKStages][kTileBytes];
     uint8_t q[kQBytes];
     uint8_t pt[2][kPtBytes];                    // per consumer
@@ -136,47 +136,20 @@ struct NarrowDecodeKernel {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (3 * 168 - kProducerRegs) / 2;
 
-  struct Smem {
-    uint8_t* k;
-    uint8_t* q;
-    uint8_t* pt;
-    float* stage;
-    float* merge_max;
-    float* warp_max;
-    float* warp_sums;
-    uint64_t* full;
-    uint64_t* kfree;
-    uint64_t* merge_sums;
-    uint64_t* staged;
-    uint64_t* copied;
-  };
-
-  static __device__ Smem carve(uint8_t* raw) {
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-    Smem s;
-    s.k = base + offsetof(SharedLayout, k);
-    s.q = base + offsetof(SharedLayout, q);
-    s.pt = base + offsetof(SharedLayout, pt);
-    s.stage = reinterpret_cast<float*>(base + offsetof(SharedLayout, stage));
-    s.merge_max = reinterpret_cast<float*>(base + offsetof(SharedLayout, merge_max));
-    s.warp_max = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_max));
-    s.warp_sums = reinterpret_cast<float*>(base + offsetof(SharedLayout, warp_sums));
-    s.full = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, full));
-    s.kfree = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, kfree));
-    s.merge_sums = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, merge_sums));
-    s.staged = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, staged));
-    s.copied = reinterpret_cast<uint64_t*>(base + offsetof(SharedLayout, copied));
-    return s;
+  // Offsetting the __shared__ array itself keeps every access in the shared window (as the
+  // prefill kernel's carve).
+  static __device__ SharedLayout& carve(uint8_t* raw) {
+    return *reinterpret_cast<SharedLayout*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
   }
 
   // A stage is read by one consumer: released by its four warps. The merge's barriers take an
   // arrival from every consumer thread (each releases its own writes or reads).
-  static __device__ void init_barriers(const Smem& s) {
+  static __device__ void init_barriers(SharedLayout& s) {
     for (int i = 0; i < kKStages; ++i) {
       sm90::mbarrier_init(&s.full[i], Producer::kFullArrivals);
       sm90::mbarrier_init(&s.kfree[i], 4);
     }
-    for (uint64_t* barrier : {s.merge_sums, s.staged, s.copied}) sm90::mbarrier_init(barrier, kConsumerThreads);
+    for (uint64_t* barrier : {&s.merge_sums, &s.staged, &s.copied}) sm90::mbarrier_init(barrier, kConsumerThreads);
     sm90::fence_barrier_init();
   }
 
@@ -184,7 +157,7 @@ struct NarrowDecodeKernel {
   // wgmma reads as its B operand; by both consumers. The thread index is read anew for each
   // piece: from threadIdx.x the compiler hoists the staging's per-thread offsets out of the piece
   // loop, and the 32-row consumer, with no register to hold them, spilled them.
-  static __device__ void load_query(const DecodeParams& p, const Smem& s, int request) {
+  static __device__ void load_query(const DecodeParams& p, SharedLayout& s, int request) {
     uint32_t thread;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
     stage_query_tile<kRows, 1, Traits::kSwizzle>(p, sm90::smem_u32(s.q), request, 0,
@@ -192,8 +165,8 @@ struct NarrowDecodeKernel {
   }
 
   // S^T(J) = K(J)·Q^T: 9 chunks x 2 steps.
-  static __device__ void issue_scores(const Smem& s, int stage, float (&scores)[kScoreRegs]) {
-    const uint64_t k_desc = sm90::make_smem_desc(s.k + stage * kTileBytes, 16, kRowGroupBytes, Traits::kSwizzle);
+  static __device__ void issue_scores(SharedLayout& s, int stage, float (&scores)[kScoreRegs]) {
+    const uint64_t k_desc = sm90::make_smem_desc(s.k[stage], 16, kRowGroupBytes, Traits::kSwizzle);
     const uint64_t q_desc = sm90::make_smem_desc(s.q, 16, kRowGroupBytes, Traits::kSwizzle);
     sm90::wgmma_fence();
 #pragma unroll
@@ -210,10 +183,10 @@ struct NarrowDecodeKernel {
   // K stage `stage` (see the file comment): value step s (tokens 32s..), four registers each.
   // Tokens at or past `valid` read as zeros (the cache holds anything there, and 0 x NaN would
   // poison the sums).
-  static __device__ void load_value_fragments(const Smem& s, int stage, int valid, int first_tile,
+  static __device__ void load_value_fragments(SharedLayout& s, int stage, int valid, int first_tile,
                                               uint32_t (&frag)[kFragTiles][kValueSteps][4]) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const uint32_t base = sm90::smem_u32(s.k + stage * kTileBytes);
+    const uint32_t base = sm90::smem_u32(s.k[stage]);
     const int matrix = lane / 8, row = lane % 8;
     // Lanes 8m .. 8m + 7 address matrix m: tokens 8m .. 8m + 7 of the step; piece `warp` of the
     // 64-byte row, where the 64-byte swizzle puts piece p of row t at p ^ ((t >> 1) & 3).
@@ -252,17 +225,17 @@ struct NarrowDecodeKernel {
   };
 
   // One consumer warpgroup (me = 0 or 1): blocks b of each piece with b % 2 == me.
-  static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int part, int me) {
+  static __device__ void consumer_warpgroup(const DecodeParams& p, SharedLayout& s, int part, int me) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int r = lane / 4;  // the thread's token (row of S^T) within its warp's 16: r and r + 8
     float out[kMTiles][kScoreRegs];
     float scores[kScoreRegs];
     uint32_t frag[kFragTiles][kValueSteps][4];
-    const uint32_t pt = sm90::smem_u32(s.pt + me * kPtBytes);
-    const uint64_t pt_desc = sm90::make_smem_desc(s.pt + me * kPtBytes, kPtCoreStride, kPtGroupStride,
+    const uint32_t pt = sm90::smem_u32(s.pt[me]);
+    const uint64_t pt_desc = sm90::make_smem_desc(s.pt[me], kPtCoreStride, kPtGroupStride,
                                                   sm90::SmemLayout::kInterleave);
-    float* warp_max = s.warp_max + me * 4 * kRows;
+    float* warp_max = &s.warp_max[me][0][0];
     int j = 0;            // block counter over the CTA's whole sequence (the same in both consumers)
     int piece_index = 0;  // pieces merged so far: the merge barriers' phases
 
@@ -465,22 +438,22 @@ struct NarrowDecodeKernel {
   // through a named barrier as races (d45, session 10; and this merge's first version, d54).
   // A thread waits only for a phase it has itself arrived on, so no barrier can run two phases
   // ahead of a parity wait.
-  static __device__ void merge_and_store(const DecodeParams& p, const Smem& s, const PartPiece& piece, const State& st,
+  static __device__ void merge_and_store(const DecodeParams& p, SharedLayout& s, const PartPiece& piece, const State& st,
                                          const float (&out)[kMTiles][kScoreRegs], int me, int piece_index) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = threadIdx.x % kWarpgroupThreads;
     // This consumer's sums of each column over its warps, and its maxima (the same in every warp).
-    float* sums = s.warp_sums + me * 2 * 4 * kRows;
+    float* sums = &s.warp_sums[me][0][0][0];
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) {
       const float exact = warp_column_sum(st.exact[c]), weights = warp_column_sum(st.weights[c]);
       if (lane < 4) {
         sums[warp * kRows + column_row(c)] = exact;
         sums[4 * kRows + warp * kRows + column_row(c)] = weights;
-        if (warp == 0) s.merge_max[me * kRows + column_row(c)] = st.max[c];
+        if (warp == 0) s.merge_max[me][column_row(c)] = st.max[c];
       }
     }
-    sm90::mbarrier_arrive(s.merge_sums);
-    sm90::mbarrier_wait(s.merge_sums, piece_index & 1);  // both states in shared memory
+    sm90::mbarrier_arrive(&s.merge_sums);
+    sm90::mbarrier_wait(&s.merge_sums, piece_index & 1);  // both states in shared memory
 
     // Row `lane % kRows`: both states' scales to their common max, over the normaliser (every
     // lane computes them alike from the same values); this consumer's is then fetched for each
@@ -491,14 +464,14 @@ struct NarrowDecodeKernel {
       float exact[2] = {0.f, 0.f}, weights[2] = {0.f, 0.f};
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float* state_sums = s.warp_sums + c * 2 * 4 * kRows;
+        const float* state_sums = &s.warp_sums[c][0][0][0];
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           exact[c] += state_sums[w * kRows + row];
           weights[c] += state_sums[4 * kRows + w * kRows + row];
         }
       }
-      const float max0 = s.merge_max[row], max1 = s.merge_max[kRows + row];
+      const float max0 = s.merge_max[0][row], max1 = s.merge_max[1][row];
       const float m = fmaxf(max0, max1);
       const float scale0 = max0 == -INFINITY ? 0.f : sm90::fast_exp2(max0 - m);
       const float scale1 = max1 == -INFINITY ? 0.f : sm90::fast_exp2(max1 - m);
@@ -530,7 +503,7 @@ struct NarrowDecodeKernel {
 
     // Register 4j + 2h + e of tile i is (row 8j + 2(l%4) + e, dim 64i + 16w + 2(l/4) + h): the
     // h pair is one 8-byte store, every store at a constant offset from the thread's first.
-    const uint32_t stage_base = sm90::smem_u32(s.stage);
+    const uint32_t stage_base = sm90::smem_u32(&s.stage[0][0][0]);
     const uint32_t my_stage = stage_base + me * kRows * kStageStride * 4 +
                               ((2 * (lane % 4)) * kStageStride + 16 * warp + 2 * (lane / 4)) * 4;
     constexpr int kUnitsPerRow = kMergeTiles * 64 / 8;  // 8 dims a unit: 16 bytes of BF16 output
@@ -539,7 +512,7 @@ struct NarrowDecodeKernel {
     for (int round = 0; round < kMergeRounds; ++round) {
       // The previous round's stores (this piece's or, at round 0, the previous piece's last) have
       // read the area: with an even round count that phase's parity is (round - 1) & 1.
-      if (round > 0 || piece_index > 0) sm90::mbarrier_wait(s.copied, (round + 1) & 1);
+      if (round > 0 || piece_index > 0) sm90::mbarrier_wait(&s.copied, (round + 1) & 1);
 #pragma unroll
       for (int k = 0; k < kMergeTiles; ++k)
 #pragma unroll
@@ -548,8 +521,8 @@ struct NarrowDecodeKernel {
           sm90::st_shared_f32x2(my_stage + ((8 * (c / 2) + c % 2) * kStageStride + 64 * k) * 4,
                                 make_float2(out[i][r0] * weight[c], out[i][r0 + 2] * weight[c]));
         }
-      sm90::mbarrier_arrive(s.staged);
-      sm90::mbarrier_wait(s.staged, round & 1);  // both consumers' tiles staged
+      sm90::mbarrier_arrive(&s.staged);
+      sm90::mbarrier_wait(&s.staged, round & 1);  // both consumers' tiles staged
       for (int unit = thread; unit < kRows * kUnitsPerRow; unit += kConsumerThreads) {
         const int row = unit / kUnitsPerRow, dim = (unit % kUnitsPerRow) * 8;
         if (row >= p.num_rows) break;
@@ -579,7 +552,7 @@ struct NarrowDecodeKernel {
                          sm90::pack_bf16x2(v[4] * scale, v[5] * scale), sm90::pack_bf16x2(v[6] * scale, v[7] * scale));
         }
       }
-      sm90::mbarrier_arrive(s.copied);
+      sm90::mbarrier_arrive(&s.copied);
     }
   }
 };
@@ -589,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_kernel(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ DecodeParams p) {
   using Kernel = NarrowDecodeKernel<kRows>;
   extern __shared__ uint8_t smem_raw[];
-  const typename Kernel::Smem s = Kernel::carve(smem_raw);
+  typename Kernel::SharedLayout& s = Kernel::carve(smem_raw);
   if (threadIdx.x == 0) Kernel::init_barriers(s);
   __syncthreads();
   // As decode_kernel: the plan is complete past the wait; the combine may launch after it.
@@ -599,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     sm90::warpgroup_reg_dealloc<Kernel::kProducerRegs>();
-    Kernel::Producer::run(p, &kv_map, {s.k, s.full, s.kfree}, part);
+    Kernel::Producer::run(p, &kv_map, {&s.k[0][0], s.full, s.kfree}, part);
   } else {
     sm90::warpgroup_reg_alloc<Kernel::kConsumerRegs>();
     Kernel::consumer_warpgroup(p, s, part, warpgroup - 1);
