@@ -11,8 +11,10 @@ CUDA events, median of --iters:
   - cuDNN's FP8 attention through nvidia-cudnn-frontend (`sdpa_fp8`, e4m3 in and out, unit
     scales) when the package imports and cuDNN builds a plan for 192/128; otherwise the reason.
 Then the three extend shapes of issue 12 end to end through MlaBackend (H=128, FP8 cache, chunk
-capacity 8192*4), and the same sequence step by step through the public operations, each step
-timed with CUDA events (the backend does not expose its steps).
+capacity 8192*4), with the values token-major and in the fp8_transposed layout (the new tokens'
+v as the model's pack_prefill_kv would write it, the prefix loops' expand packing into it), and
+the same sequence step by step through the public operations, each step timed with CUDA events
+(the backend does not expose its steps).
 
 Run from the repository root on the GPU machine, with the build's module and tvm_ffi (which
 tests/python/run_gpu.sh installs into build/python-packages from the carried .whl/), and
@@ -24,6 +26,7 @@ nvidia-cudnn-frontend from .whl/ too (scripts/download_wheels.sh):
 """
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -183,8 +186,9 @@ class ExtendBatch:
 
     HEADS, PAGE, CAPACITY = 128, 64, 8192 * 4
 
-    def __init__(self, requests, generator):
+    def __init__(self, requests, generator, v_layout="token_major"):
         h, page = self.HEADS, self.PAGE
+        self.v_layout = v_layout
         self.n = len(requests)
         prefix, new = [p for p, _ in requests], [x for _, x in requests]
         pages = [math.ceil((p + x) / page) for p, x in requests]
@@ -203,6 +207,10 @@ class ExtendBatch:
         self.q = normal((total_new, h, QK), FP8, generator)
         self.k = normal((total_new, h, QK), FP8, generator)
         self.v = normal((total_new, h, VD), FP8, generator)
+        if v_layout == "fp8_transposed":  # as the model's pack_prefill_kv would write it
+            padded = torch.zeros(speedmla.value_shape(total_new, 1, v_layout)[2], h, VD, dtype=FP8, device="cuda")
+            padded[:total_new] = self.v
+            self.v = fp8_transposed_values(padded)
         self.cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
         self.w_kv = normal((512, h * (128 + VD)), torch.bfloat16, generator) * (512 ** -0.5)
         self.backend = speedmla.MlaBackend(speedmla.MlaBackendConfig(
@@ -217,7 +225,7 @@ class ExtendBatch:
         self.kv_rows = torch.empty(rows, h * (128 + VD), dtype=torch.bfloat16, device="cuda")
         self.latent = torch.empty(rows, 576, dtype=torch.bfloat16, device="cuda")
         self.k_loop = torch.empty(rows, h, QK, dtype=FP8, device="cuda")
-        self.v_loop = torch.empty(rows, h, VD, dtype=FP8, device="cuda")
+        self.v_loop = torch.empty(speedmla.value_shape(rows, h, v_layout), dtype=FP8, device="cuda")
         self.out = torch.empty(total_new, h, VD, dtype=torch.bfloat16, device="cuda")
         self.lse = torch.empty(total_new, h, dtype=torch.float32, device="cuda")
         self.part_out, self.part_lse = torch.empty_like(self.out), torch.empty_like(self.lse)
@@ -229,15 +237,17 @@ class ExtendBatch:
         return self.kv_rows[:n].view(n, self.HEADS, 128 + VD)
 
     def pack(self, kv, latent, k, v):
-        speedmla.pack_prefill_kv(kv[..., :128], latent[:, 512:], kv[..., 128:], k_out=k, v_out=v)
+        speedmla.pack_prefill_kv(kv[..., :128], latent[:, 512:], kv[..., 128:], k_out=k, v_out=v,
+                                 v_layout=self.v_layout)
 
     def expand(self, latent, k, v):
         self.pack(self.up_project(latent, latent.shape[0]), latent, k, v)
 
     def through_backend(self):
         out, lse = self.backend.forward_extend_chunked(self.q, self.k, self.v, SCALE, None, cum_seq_lens_q=self.cu,
-                                                       cum_seq_lens_kv=self.cu, causal=True, out=self.out)
-        self.backend.attend_cached_prefix(self.q, self.cache, self.expand, out, lse, SCALE)
+                                                       cum_seq_lens_kv=self.cu, causal=True, out=self.out,
+                                                       v_layout=self.v_layout)
+        self.backend.attend_cached_prefix(self.q, self.cache, self.expand, out, lse, SCALE, v_layout=self.v_layout)
 
     def by_steps(self, timer):
         """The same sequence through the public operations, {step: ms} timed with CUDA events."""
@@ -257,17 +267,20 @@ class ExtendBatch:
         torch.cuda._sleep(1_000_000)
         timer.flush.fill_(0)
         step("self-pass", lambda: speedmla.mla_prefill(self.q, self.k, self.v, self.cu, self.cu, causal=True,
-                                                       softmax_scale=SCALE, out=self.out, lse=self.lse))
+                                                       softmax_scale=SCALE, out=self.out, lse=self.lse,
+                                                       v_layout=self.v_layout))
         for slots, cu_k in zip(md.chunk_kv_indices_list, md.cu_chunked_seq_len):
             n = slots.shape[0]
-            latent, k, v = self.latent[:n], self.k_loop[:n], self.v_loop[:n]
+            latent, k = self.latent[:n], self.k_loop[:n]
+            v = self.v_loop[..., :speedmla.value_shape(n, 1, self.v_layout)[2]] if self.v_layout == "fp8_transposed" \
+                else self.v_loop[:n]
             step("gather", lambda: speedmla.gather_cache(self.cache, slots, out=latent))
             kv = [None]
             step("expand (kv_b_proj)", lambda: kv.__setitem__(0, self.up_project(latent, n)))
             step("pack", lambda: self.pack(kv[0], latent, k, v))
             step("prefix passes", lambda: speedmla.mla_prefill(self.q, k, v, self.cu, cu_k, causal=False,
                                                                softmax_scale=SCALE, out=self.part_out,
-                                                               lse=self.part_lse))
+                                                               lse=self.part_lse, v_layout=self.v_layout))
             step("merges", lambda: speedmla.merge_attn_states(self.out, self.lse, self.part_out, self.part_lse,
                                                               out=self.out, lse=self.lse))
         torch.cuda.synchronize()
@@ -280,10 +293,11 @@ def extend_cases(args, timer, generator):
     print("\nextend through MlaBackend (H=128, FP8 cache, capacity 8192*4): forward_extend_chunked + "
           f"attend_cached_prefix, median of {args.iters}; then the same steps through the public operations")
     failures = 0
-    for name, requests in EXTEND_CASES:
+    for (name, requests), v_layout in itertools.product(EXTEND_CASES, ("token_major", "fp8_transposed")):
+        name = f"{name}, v {v_layout}"
         time.sleep(args.rest_ms / 1000)
         try:
-            batch = ExtendBatch(requests, generator)
+            batch = ExtendBatch(requests, generator, v_layout)
             with GpuSampler() as sampler:
                 total = timer.interleaved({"backend": batch.through_backend}, args.iters)["backend"]
                 if isinstance(total, Exception):

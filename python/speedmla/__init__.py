@@ -40,6 +40,7 @@ from .ops import (
     mla_prefill,
     pack_prefill_kv,
     quantize_fp8,
+    value_shape,
 )
 
 __version__ = "0.1.0"
@@ -50,5 +51,5 @@ __all__ = [
     "MlaBackendConfig", "PrefillMetadata", "decode_page_size_supported", "device_sm_count",
     "gather_cache", "kv_cache_write", "library_path", "merge_attn_states", "mla_decode",
     "mla_decode_plan", "mla_decode_with_plan", "mla_decode_workspace_size", "mla_prefill",
-    "pack_prefill_kv", "quantize_fp8",
+    "pack_prefill_kv", "quantize_fp8", "value_shape",
 ]
