@@ -54,7 +54,7 @@ struct TensorView {
   int64_t size(int dim) const { return shape[dim < 0 ? dim + ndim : dim]; }
   int64_t stride(int dim) const { return strides[dim < 0 ? dim + ndim : dim]; }
   int64_t numel() const;
-  bool is_contiguous() const;  // row-major with no gaps (size-1 dims may have any stride)
+  bool is_contiguous() const;  // row-major with no gaps (size-1 dims may have any stride; no elements: true)
   bool is_cuda() const { return device.kind == DeviceKind::kCUDA; }
   std::string shape_string() const;  // "[2, 3, 576]"
 

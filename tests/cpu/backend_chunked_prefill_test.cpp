@@ -229,5 +229,40 @@ TEST(BackendChunkedPrefill, PrefixOverSeveralLoopsEqualsOneShotAttention) {
   EXPECT_LT(lse_err.max_abs, 1e-4) << lse_err.summary();
 }
 
+// A batch without cached prefixes runs no loop; empty scratch is accepted in either value layout,
+// with the strides a framework gives an empty tensor (PyTorch: [H, 128, 0] has (128, 1, 1)).
+TEST(BackendChunkedPrefill, NoPrefixRunsNoLoopWithEmptyTransposedScratch) {
+  const int64_t heads = 2;
+  MlaBackend backend(page8_config(heads, 8));
+  const HostTensor req_to_page = two_request_page_table(backend.block_table_width());
+  const HostTensor pool = int_tensor(DType::kInt64, {1, 0});
+  const HostTensor seq_lens = int_tensor(DType::kInt32, {2, 5});
+  const HostTensor prefix = int_tensor(DType::kInt32, {0, 0}), fresh = int_tensor(DType::kInt32, {2, 5});
+  backend.init_forward_metadata(2, 2, pool.view(), seq_lens.view(), ForwardMode::kExtend, req_to_page.view(),
+                                MlaBackend::ExtendLens{prefix.view(), fresh.view()});
+  ASSERT_EQ(backend.extend_metadata()->chunks.max_loop_tokens, 0);
+  HostTensor cache(DType::kBFloat16, {8, 8, 576});
+  HostTensor q(DType::kFloat8E4M3, {7, heads, 192});
+  HostTensor s_lat(DType::kBFloat16, {0, 576}), s_k(DType::kFloat8E4M3, {0, heads, 192}),
+      s_v_tokens(DType::kFloat8E4M3, {0, heads, kNope}), s_v(DType::kFloat8E4M3, {heads, kNope, 0}), s_out(DType::kBFloat16, {7, heads, kNope}),
+      s_lse(DType::kFloat32, {7, heads});
+  s_v.view().strides = {kNope, 1, 1};
+  HostTensor out(DType::kBFloat16, {7, heads, kNope}), lse(DType::kFloat32, {7, heads});
+  fill_bytes(out, 0x3C);
+  fill_bytes(lse, 0x3F);
+  const HostTensor out_before = out, lse_before = lse;
+  int calls = 0;
+  for (const PrefillValueLayout layout : {PrefillValueLayout::kTokenMajor, PrefillValueLayout::kFp8Transposed}) {
+    const TensorView v = layout == PrefillValueLayout::kFp8Transposed ? s_v.view() : s_v_tokens.view();
+    backend.attend_cached_prefix(
+        q.view(), cache.view(), 1.0f, [&](const TensorView&, const TensorView&, const TensorView&) { ++calls; },
+        PrefixScratch{s_lat.view(), s_k.view(), v, s_out.view(), s_lse.view(), layout}, out.view(), lse.view(),
+        0.1f);
+  }
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(std::memcmp(out.data<uint8_t>(), out_before.data<uint8_t>(), out.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(lse.data<uint8_t>(), lse_before.data<uint8_t>(), lse.nbytes()), 0);
+}
+
 }  // namespace
 }  // namespace speedmla::test
