@@ -115,13 +115,16 @@ TEST_P(QuantizeGpu, PackPrefillKvTransposedValuesMatchReference) {
   SPEEDMLA_REQUIRE_GPU();
   std::mt19937_64 rng = seeded_rng();
   const DType in = GetParam();
-  const PackCase cases[] = {{0, 4, in}, {1, 1, in}, {16, 16, in}, {17, 3, in, true, 0, 0, 0.5f, 2.f}, {45, 8, in}};
+  // Vector path (aligned); v and k_nope rows of a [T, H, 256] projection (pad 128); the scalar
+  // path (k_nope one element off 16-byte alignment).
+  const PackCase cases[] = {{0, 4, in},  {1, 1, in},          {16, 16, in}, {17, 3, in, true, 0, 0, 0.5f, 2.f},
+                            {45, 8, in}, {50, 4, in, false, 128}, {33, 2, in, false, 0, 1, 2.f, 0.25f}};
   for (const PackCase& p : cases) {
     for (const int64_t spare : {int64_t{0}, int64_t{32}}) {  // positions past the tokens' groups
       const int64_t positions = (p.tokens + 15) / 16 * 16 + spare;
-      Mirror k_nope = head_rows(in, p.tokens, p.heads, kNopeDim);
       Mirror k_rope = p.rope_3d ? Mirror(in, {p.tokens, 1, kRopeDim}) : Mirror(in, {p.tokens, kRopeDim});
-      Mirror v = head_rows(p.v_dtype, p.tokens, p.heads, kPrefillVDim);
+      Mirror k_nope = head_rows(in, p.tokens, p.heads, kNopeDim, p.pad, p.offset);
+      Mirror v = head_rows(p.v_dtype, p.tokens, p.heads, kPrefillVDim, p.pad);
       Mirror k_out = head_rows(DType::kFloat8E4M3, p.tokens, p.heads, kPrefillQkDim);
       // Dim stride: the positions plus 16 bytes of gap.
       Mirror v_out(DType::kFloat8E4M3, {p.heads, kPrefillVDim, positions},

@@ -15,53 +15,107 @@ constexpr int kVectorChunk = 16;
 
 // Work items: the chunks of kChunk elements of each (token, head) row, k_out's (k_nope, then
 // k_rope) then v_out's; with v_out transposed (PrefillValueLayout::kFp8Transposed), in place of
-// v_out's chunks, one item per (head, 16-token group, value dim), after all the rows' items
-// (transposed_value_group). One launch either way.
+// v_out's chunks, one item per (head, 16-token group, kChunk / 2 value dims) after all the rows'
+// items (pack_transposed_values). One launch either way.
 template <int kChunk>
 __host__ __device__ constexpr int chunks_per_row(bool v_out_transposed) {
   return (kPrefillQkDim + (v_out_transposed ? 0 : kPrefillVDim)) / kChunk;
 }
+// Value dims per transposed item: 8 on the vector path (16 bytes of a BF16 token row: a warp's
+// 16 lanes read a head's whole 256-byte row), 4 on the scalar path (element by element).
+template <int kChunk>
+inline constexpr int kTransposedDims = kChunk == 1 ? 4 : 8;
+template <int kChunk>
 __host__ __device__ inline int64_t transposed_value_items(const PackPrefillKvParams& p) {
   if (!p.v_out_transposed) return 0;
-  return p.num_heads * (fp8_transposed_value_positions(p.num_tokens) / kFp8TransposedGroupTokens) * kPrefillVDim;
+  return p.num_heads * (fp8_transposed_value_positions(p.num_tokens) / kFp8TransposedGroupTokens) *
+         (kPrefillVDim / kTransposedDims<kChunk>);
 }
 template <int kChunk>
 int64_t pack_items(const PackPrefillKvParams& p) {
-  return p.num_tokens * p.num_heads * chunks_per_row<kChunk>(p.v_out_transposed) + transposed_value_items(p);
+  return p.num_tokens * p.num_heads * chunks_per_row<kChunk>(p.v_out_transposed) + transposed_value_items<kChunk>(p);
 }
 
-// The 16 positions of one (head, token group, value dim) of transposed values, one 16-byte
-// store; dims fastest, so a warp reads 32 consecutive values of each token row. Tokens past
+// The byte permutes below put position 4q + 2a + b of a group at token 8a + 2q + b.
+constexpr bool transposed_positions_as_permuted() {
+  for (int p = 0; p < kFp8TransposedGroupTokens; ++p)
+    if (fp8_transposed_value_token(p) != 8 * ((p % 4) / 2) + 2 * (p / 4) + p % 2) return false;
+  return true;
+}
+static_assert(transposed_positions_as_permuted(), "the layout's positions changed: update the byte permutes");
+
+// One (head, 16-token group, kDims value dims) of transposed values: the group's 16 token rows
+// read kDims values each and turned into FP8 (4 a word), byte-transposed in registers, then per
+// dim one 16-byte store of its 16 positions. Pieces of a dim range fastest, then groups: lanes
+// 16 apart write a dim's two neighbouring groups, one whole 32-byte sector. Tokens past
 // num_tokens give zeros.
-__device__ void pack_transposed_value_group(const PackPrefillKvParams& p, int64_t item) {
+template <int kDims, bool kVectorLoads>
+__device__ __forceinline__ void pack_transposed_values(const PackPrefillKvParams& p, int64_t item) {
+  constexpr int kPieces = kPrefillVDim / kDims, kWords = kDims / 4;
   const int64_t groups = fp8_transposed_value_positions(p.num_tokens) / kFp8TransposedGroupTokens;
-  const int d = static_cast<int>(item % kPrefillVDim);
-  const int64_t group = (item / kPrefillVDim) % groups, h = item / kPrefillVDim / groups;
-  float values[kFp8TransposedGroupTokens];
+  const int d0 = static_cast<int>(item % kPieces) * kDims;
+  const int64_t group = (item / kPieces) % groups, h = item / kPieces / groups;
+  uint32_t rows[kFp8TransposedGroupTokens][kWords];  // token k's dims d0 + 4w .. + 3 in rows[k][w]
 #pragma unroll
-  for (int position = 0; position < kFp8TransposedGroupTokens; ++position) {
-    const int64_t t = kFp8TransposedGroupTokens * group + fp8_transposed_value_token(position);
-    float value[1] = {0.f};
-    if (t < p.num_tokens) load_floats(p.v, p.v_dtype, t * p.v_stride_token + h * p.v_stride_head + d, value);
-    values[position] = value[0] * p.v_scale_inv;
+  for (int k = 0; k < kFp8TransposedGroupTokens; ++k) {
+    const int64_t t = kFp8TransposedGroupTokens * group + k;
+    float values[kDims] = {};
+    if (t < p.num_tokens) {
+      const int64_t offset = t * p.v_stride_token + h * p.v_stride_head + d0;
+      if constexpr (kVectorLoads) {
+        load_floats(p.v, p.v_dtype, offset, values);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kDims; ++i) {
+          float value[1];
+          load_floats(p.v, p.v_dtype, offset + i, value);
+          values[i] = value[0];
+        }
+      }
+    }
+#pragma unroll
+    for (float& value : values) value *= p.v_scale_inv;
+    pack_words<fp8_e4m3>(values, rows[k]);
   }
-  store_floats(static_cast<fp8_e4m3*>(p.v_out) + h * p.v_out_stride_head + d * p.v_out_stride_dim +
-                   kFp8TransposedGroupTokens * group,
-               values);
+  // Word q of dim 4w + b: byte b of the words w of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q.
+  uint32_t dims[kDims][4];
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t near_low = __byte_perm(rows[2 * q][w], rows[2 * q + 1][w], 0x5140);  // bytes 0, 1
+      const uint32_t near_high = __byte_perm(rows[2 * q][w], rows[2 * q + 1][w], 0x7362);  // bytes 2, 3
+      const uint32_t far_low = __byte_perm(rows[8 + 2 * q][w], rows[9 + 2 * q][w], 0x5140);
+      const uint32_t far_high = __byte_perm(rows[8 + 2 * q][w], rows[9 + 2 * q][w], 0x7362);
+      dims[4 * w + 0][q] = __byte_perm(near_low, far_low, 0x5410);
+      dims[4 * w + 1][q] = __byte_perm(near_low, far_low, 0x7632);
+      dims[4 * w + 2][q] = __byte_perm(near_high, far_high, 0x5410);
+      dims[4 * w + 3][q] = __byte_perm(near_high, far_high, 0x7632);
+    }
+  }
+  fp8_e4m3* dst = static_cast<fp8_e4m3*>(p.v_out) + h * p.v_out_stride_head + kFp8TransposedGroupTokens * group;
+#pragma unroll
+  for (int j = 0; j < kDims; ++j)
+    store_global_16(reinterpret_cast<uint4*>(dst + (d0 + j) * p.v_out_stride_dim),
+                    make_uint4(dims[j][0], dims[j][1], dims[j][2], dims[j][3]));
 }
 
-template <typename OutT, int kChunk>
+// kValuesTransposed (= p.v_out_transposed) apart: the transposed items' registers (60) would
+// halve the occupancy of token-major packing.
+template <typename OutT, int kChunk, bool kValuesTransposed>
 __global__ void __launch_bounds__(kElementwiseThreads)
     pack_prefill_kv_kernel(const PackPrefillKvParams p) {
   constexpr int kNopeChunks = kNopeDim / kChunk;
   constexpr int kKChunks = kPrefillQkDim / kChunk;
   const int row_chunks = chunks_per_row<kChunk>(p.v_out_transposed);
   const int64_t row_items = p.num_tokens * p.num_heads * row_chunks;
-  const int64_t items = row_items + transposed_value_items(p);
+  const int64_t items = row_items + transposed_value_items<kChunk>(p);
   for (int64_t i = global_thread_index(); i < items; i += global_thread_count()) {
-    if (i >= row_items) {
-      pack_transposed_value_group(p, i - row_items);
-      continue;
+    if constexpr (kValuesTransposed) {
+      if (i >= row_items) {
+        pack_transposed_values<kTransposedDims<kChunk>, (kChunk > 1)>(p, i - row_items);
+        continue;
+      }
     }
     const int64_t row = i / row_chunks;
     const int chunk = static_cast<int>(i % row_chunks);
@@ -91,27 +145,30 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-template <typename OutT>
+template <typename OutT, bool kValuesTransposed>
 void launch(const PackPrefillKvParams& p, Stream stream) {
   const bool vectors =
       aligned16(p.k_nope, p.k_nope_dtype, {p.k_nope_stride_token, p.k_nope_stride_head}) &&
       aligned16(p.k_rope, p.k_rope_dtype, {p.k_rope_stride_token}) &&
       aligned16(p.k_out, p.out_dtype, {p.k_out_stride_token, p.k_out_stride_head}) &&
-      (p.v_out_transposed || (aligned16(p.v, p.v_dtype, {p.v_stride_token, p.v_stride_head}) &&
-                              aligned16(p.v_out, p.out_dtype, {p.v_out_stride_token, p.v_out_stride_head})));
+      aligned16(p.v, p.v_dtype, {p.v_stride_token, p.v_stride_head}) &&
+      (kValuesTransposed || aligned16(p.v_out, p.out_dtype, {p.v_out_stride_token, p.v_out_stride_head}));
   if (vectors)
-    launch_elementwise(pack_prefill_kv_kernel<OutT, kVectorChunk>, pack_items<kVectorChunk>(p), p, stream);
+    launch_elementwise(pack_prefill_kv_kernel<OutT, kVectorChunk, kValuesTransposed>, pack_items<kVectorChunk>(p), p,
+                       stream);
   else
-    launch_elementwise(pack_prefill_kv_kernel<OutT, 1>, pack_items<1>(p), p, stream);
+    launch_elementwise(pack_prefill_kv_kernel<OutT, 1, kValuesTransposed>, pack_items<1>(p), p, stream);
 }
 
 }  // namespace
 
 void run_pack_prefill_kv(const PackPrefillKvParams& params, Stream stream) {
-  if (params.out_dtype == DType::kFloat8E4M3)
-    launch<fp8_e4m3>(params, stream);
+  if (params.v_out_transposed)  // FP8 only (validated)
+    launch<fp8_e4m3, true>(params, stream);
+  else if (params.out_dtype == DType::kFloat8E4M3)
+    launch<fp8_e4m3, false>(params, stream);
   else
-    launch<bf16>(params, stream);
+    launch<bf16, false>(params, stream);
 }
 
 }  // namespace speedmla::kernels
