@@ -78,6 +78,16 @@ __device__ __forceinline__ uint4 ldmatrix_x4_trans(uint32_t address) {
   return v;
 }
 // Four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i;
+// lane l receives, in register i, elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of
+// matrix i (for 8-bit data: bytes 4 (l % 4) .. + 3 of row l / 4).
+__device__ __forceinline__ uint4 ldmatrix_x4(uint32_t address) {
+  uint4 v;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+// Four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i;
 // lane l supplies, in register i, elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1).
 __device__ __forceinline__ void stmatrix_x4(uint32_t address, uint4 v) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y),
