@@ -46,9 +46,14 @@ struct Buffers {
 std::vector<PrefillCase> prefill_grid(const std::vector<DType>& dtypes) {
   std::vector<PrefillCase> cases;
   for (DType dtype : dtypes) {
-    for (auto [batch, len] : {std::pair{16, 1024}, {4, 4096}, {1, 8192}, {1, 16384}, {1, 32768}})
-      cases.push_back({dtype, 128, batch, len, true});
-    for (auto [batch, len] : {std::pair{4, 4096}, {1, 16384}}) cases.push_back({dtype, 16, batch, len, true});
+    // FP8 in both value layouts, one right after the other for each shape (alike in clock).
+    auto add = [&](int heads, int batch, int len) {
+      cases.push_back({dtype, heads, batch, len, true});
+      if (dtype == DType::kFloat8E4M3)
+        cases.push_back({dtype, heads, batch, len, true, PrefillValueLayout::kFp8Transposed});
+    };
+    for (auto [batch, len] : {std::pair{16, 1024}, {4, 4096}, {1, 8192}, {1, 16384}, {1, 32768}}) add(128, batch, len);
+    for (auto [batch, len] : {std::pair{4, 4096}, {1, 16384}}) add(16, batch, len);
   }
   return cases;
 }

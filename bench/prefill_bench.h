@@ -16,7 +16,8 @@ struct PrefillCase {
   PrefillValueLayout v_layout = PrefillValueLayout::kTokenMajor;  // "fp8t": FP8, kFp8Transposed
 };
 
-// H=128 causal 16x1K, 4x4K, 1x8K, 1x16K, 1x32K; H=16 causal 4x4K, 1x16K; for each dtype.
+// H=128 causal 16x1K, 4x4K, 1x8K, 1x16K, 1x32K; H=16 causal 4x4K, 1x16K; for each dtype (FP8:
+// token-major values, then fp8t, for each shape).
 std::vector<PrefillCase> prefill_grid(const std::vector<DType>& dtypes);
 // "fp8|fp8t|bf16,H,B,LEN,CAUSAL(0|1)" (fp8t: FP8 with v in the kFp8Transposed layout); false when
 // the text does not parse.
