@@ -467,7 +467,7 @@ struct PrefillKernel {
       for (int step = 0; step < kScoreStepsPerChunk; ++step) {
         const uint32_t address = sm90::smem_u32(s.q + c * kChunkBytes) +
                                  sm90::swizzled_piece_offset<Traits::kSwizzle>(row, 2 * step + lane / 16);
-        const uint4 v = sm90::ldmatrix_x4(address);
+        const uint4 v = sm90::ldmatrix_x4<false>(address);
         uint32_t* a = &query[4 * (c * kScoreStepsPerChunk + step)];
         a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
       }
