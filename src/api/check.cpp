@@ -152,6 +152,23 @@ void check_cuda(int status, const char* function, const char* what) {
        cudaGetErrorString(err), ")");
 }
 
+bool values_transposed(const ArgChecker& check, PrefillValueLayout v_layout) {
+  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
+  check.require(transposed || v_layout == PrefillValueLayout::kTokenMajor, "v_layout must be kTokenMajor or ",
+                "kFp8Transposed, got ", static_cast<int>(v_layout));
+  return transposed;
+}
+
+void check_transposed_values_shape(const ArgChecker& check, const TensorView& t, const char* name, int64_t heads,
+                                   int64_t tokens, const char* tokens_name) {
+  check.defined(t, name, 3);
+  check.dim(t, name, 0, heads);
+  check.dim(t, name, 1, kPrefillVDim);
+  check.require(t.size(2) >= tokens && t.size(2) % kFp8TransposedGroupTokens == 0, name,
+                ".shape[2] (kFp8Transposed: token positions) must be a multiple of ", kFp8TransposedGroupTokens,
+                " and >= ", tokens_name, " = ", tokens, ", got ", t.size(2));
+}
+
 void require_sm90(const ArgChecker& check, Device device) {
   if (device.kind != DeviceKind::kCUDA) return;
   constexpr int kMaxDevices = 64;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "speedmla/error.h"
+#include "speedmla/prefill.h"
 #include "speedmla/tensor.h"
 
 namespace speedmla::detail {
@@ -119,5 +120,13 @@ void check_cuda(int status, const char* function, const char* what);
 // The answer is cached per device (an atomic per device index, no lock), so the check costs a
 // load after the first call. CPU devices pass (the CPU reference runs there).
 void require_sm90(const ArgChecker& check, Device device);
+
+// Prefill values' layout (prefill.h): true for kFp8Transposed, false for kTokenMajor; Error for
+// any other value.
+bool values_transposed(const ArgChecker& check, PrefillValueLayout v_layout);
+// Values in the kFp8Transposed layout: `name` is [heads, 128, P] with P >= tokens (`tokens_name`
+// says what they count) and a multiple of kFp8TransposedGroupTokens.
+void check_transposed_values_shape(const ArgChecker& check, const TensorView& t, const char* name, int64_t heads,
+                                   int64_t tokens, const char* tokens_name);
 
 }  // namespace speedmla::detail

@@ -101,9 +101,7 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, 
                  const TensorView& out, const std::optional<TensorView>& lse, bool causal,
                  float softmax_scale, float output_scale, Stream stream) {
   const detail::ArgChecker check("mla_prefill");
-  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
-  check.require(transposed || v_layout == PrefillValueLayout::kTokenMajor, "v_layout must be kTokenMajor or ",
-                "kFp8Transposed, got ", static_cast<int>(v_layout));
+  const bool transposed = detail::values_transposed(check, v_layout);
   check.defined(q, "q", 3);
   check.defined(k, "k", 3);
   check.defined(v, "v", 3);
@@ -129,10 +127,7 @@ void mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (transposed) {
     check.require(q.dtype == DType::kFloat8E4M3, "q (and k, v) must be FP8 e4m3 with v_layout kFp8Transposed ",
                   "(an FP8 layout), got ", dtype_name(q.dtype));
-    check.dim(v, "v", 0, num_kv_heads);
-    check.dim(v, "v", 1, kPrefillVDim);
-    check.require(v.size(2) >= total_k && v.size(2) % kFp8TransposedGroupTokens == 0, "v.shape[2] (kFp8Transposed: token positions) ",
-                  "must be a multiple of 16 and >= total_k = ", total_k, ", got ", v.size(2));
+    detail::check_transposed_values_shape(check, v, "v", num_kv_heads, total_k, "total_k");
   } else {
     check.dim(v, "v", 0, total_k);
     check.dim(v, "v", 1, num_kv_heads);

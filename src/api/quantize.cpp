@@ -115,9 +115,7 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
                      float k_scale_inv, float v_scale_inv, Stream stream) {
   constexpr int64_t kNopeDim = kPrefillQkDim - kRopeDim;
   const detail::ArgChecker check("pack_prefill_kv");
-  const bool transposed = v_layout == PrefillValueLayout::kFp8Transposed;
-  check.require(transposed || v_layout == PrefillValueLayout::kTokenMajor, "v_layout must be kTokenMajor or ",
-                "kFp8Transposed, got ", static_cast<int>(v_layout));
+  const bool transposed = detail::values_transposed(check, v_layout);
   check.defined(k_nope, "k_nope", 3);
   const int64_t tokens = k_nope.size(0), heads = k_nope.size(1);
   // [T, H, width] of a dtype in `dtypes`, last dim contiguous, on k_nope's device.
@@ -147,12 +145,8 @@ void pack_prefill_kv(const TensorView& k_nope, const TensorView& k_rope, const T
   if (transposed) {
     check.require(k_out.dtype == DType::kFloat8E4M3, "k_out must be FP8 e4m3 with v_layout kFp8Transposed (an FP8 ",
                   "layout), got ", dtype_name(k_out.dtype));
-    check.defined(v_out, "v_out", 3);
+    detail::check_transposed_values_shape(check, v_out, "v_out", heads, tokens, "T");
     check.dtype(v_out, "v_out", {DType::kFloat8E4M3});
-    check.dim(v_out, "v_out", 0, heads);
-    check.dim(v_out, "v_out", 1, kPrefillVDim);
-    check.require(v_out.size(2) >= tokens && v_out.size(2) % kFp8TransposedGroupTokens == 0, "v_out.shape[2] (kFp8Transposed: token ",
-                  "positions) must be a multiple of 16 and >= T = ", tokens, ", got ", v_out.size(2));
     check.last_dim_contiguous(v_out, "v_out");
     check.same_device(v_out, "v_out", k_nope.device);
     if (v_out.is_cuda()) check.aligned(v_out, "v_out", 16);  // 16-byte stores of one group's positions
