@@ -36,6 +36,7 @@
 
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/decode_producer.cuh"
+#include "kernels/decode/sm90/fp8_format.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
@@ -50,23 +51,10 @@
 
 namespace speedmla::kernels::decode_sm90 {
 
-struct Fp8Traits {
-  static constexpr bool kFp8 = true;
-  static constexpr int kElemBytes = 1;
+struct Fp8Traits : Fp8Format {
   static constexpr int kKStages = 3;
   static constexpr int kVtStages = 2;
-  static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
-  // How TMA writes the cache's chunks into a K stage: the same swizzle, FP8 as raw bytes.
-  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
-  static constexpr sm90::TmaElement kTmaElement = sm90::TmaElement::kUInt8;
   static constexpr int kMmaK = 32;  // K of one wgmma, in elements (32 bytes)
-  // P in [0, 2^7] instead of [0, 1] before the FP8 conversion: small probabilities stay normal
-  // numbers (e4m3 subnormals start at 2^-6). It cancels in out = (P·V) / sum(P).
-  static constexpr float kProbabilityLog2Bias = 7.f;
-  // A block raises the running max only when it exceeds it by more than this (base 2), which
-  // saves most rescales of the 64x512 output; P then stays below 2^(7 + 1.5) < 448, the
-  // largest e4m3 number.
-  static constexpr float kMaxSlackLog2 = 1.5f;
   // The consumers take turns scoring blocks (the seesaw). V^T has its own buffers, so K
   // stages are released right after the scores and transposes, and the three stages keep
   // loads in flight while two blocks are being computed.

@@ -42,6 +42,7 @@
 
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/decode_producer.cuh"
+#include "kernels/decode/sm90/fp8_format.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
@@ -55,21 +56,12 @@
 namespace speedmla::kernels::decode_sm90 {
 
 template <int kRows>
-struct NarrowFp8Traits {
+struct NarrowFp8Traits : Fp8Format {
   static_assert(kRows == 16 || kRows == 32, "query rows a narrow tile holds");
-  static constexpr bool kFp8 = true;
-  static constexpr int kElemBytes = 1;
   // No V^T buffers: the stages take the shared memory (180 / 144 KB at 16 / 32 rows, beside the
   // query tile and the ~34 KB merge staging area).
   static constexpr int kKStages = kRows == 16 ? 5 : 4;
   static constexpr int kLoadParts = 1;
-  static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle64B;
-  static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k64B;
-  static constexpr sm90::TmaElement kTmaElement = sm90::TmaElement::kUInt8;
-  // As decode_kernel.cuh's Fp8Traits: P scaled by 2^7 before e4m3, a block raises a column's
-  // max only past 1.5 (base 2) above it, so P stays below 2^8.5 < 448.
-  static constexpr float kProbabilityLog2Bias = 7.f;
-  static constexpr float kMaxSlackLog2 = 1.5f;
   using ScoreMma = std::conditional_t<kRows == 16, sm90::gmma::MMA_64x16x32_F32E4M3E4M3_SS_TN<>,
                                       sm90::gmma::MMA_64x32x32_F32E4M3E4M3_SS_TN<>>;
   using ValueMma = std::conditional_t<kRows == 16, sm90::gmma::MMA_64x16x32_F32E4M3E4M3_RS_TN<>,
