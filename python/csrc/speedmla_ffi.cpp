@@ -130,6 +130,11 @@ void mla_decode(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView blo
   });
 }
 
+// The Python face passes the value layout as a flag: v_layout="fp8_transposed" (speedmla.ops).
+speedmla::PrefillValueLayout value_layout(bool v_transposed) {
+  return v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed : speedmla::PrefillValueLayout::kTokenMajor;
+}
+
 // v_transposed: v in speedmla::PrefillValueLayout::kFp8Transposed.
 void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v, bool v_transposed,
                  ffi::TensorView cu_seqlens_q, ffi::TensorView cu_seqlens_k, ffi::TensorView out,
@@ -138,8 +143,7 @@ void mla_prefill(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v, bool v
   translating_errors("mla_prefill", [&] {
     const speedmla::TensorView q_view = view(q, "q");
     speedmla::mla_prefill(q_view, view(k, "k"), view(v, "v"),
-                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
-                                       : speedmla::PrefillValueLayout::kTokenMajor,
+                          value_layout(v_transposed),
                           view(cu_seqlens_q, "cu_seqlens_q"),
                           view(cu_seqlens_k, "cu_seqlens_k"), view(out, "out"), view(lse, "lse"),
                           causal, static_cast<float>(softmax_scale),
@@ -193,8 +197,7 @@ void pack_prefill_kv(ffi::TensorView k_nope, ffi::TensorView k_rope, ffi::Tensor
     const speedmla::TensorView nope = view(k_nope, "k_nope");
     speedmla::pack_prefill_kv(nope, view(k_rope, "k_rope"), view(v, "v"), view(k_out, "k_out"),
                               view(v_out, "v_out"),
-                              v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
-                                           : speedmla::PrefillValueLayout::kTokenMajor,
+                              value_layout(v_transposed),
                               static_cast<float>(k_scale_inv),
                               static_cast<float>(v_scale_inv), stream_of(nope.device));
   });
@@ -446,8 +449,7 @@ void backend_forward_extend_chunked(Backend b, ffi::TensorView q, ffi::TensorVie
                                     ffi::TensorView out, ffi::TensorView lse) {
   translating_errors("MlaBackend::forward_extend_chunked", [&] {
     (*b).forward_extend_chunked(view(q, "q"), view(k, "k"), view(v, "v"),
-                                v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
-                                             : speedmla::PrefillValueLayout::kTokenMajor,
+                                value_layout(v_transposed),
                                 view(cu_seqlens_q, "cum_seq_lens_q"),
                                 view(cu_seqlens_k, "cum_seq_lens_kv"), causal,
                                 static_cast<float>(softmax_scale), view(out, "out"),
@@ -472,8 +474,7 @@ void backend_attend_cached_prefix(Backend b, ffi::TensorView q, ffi::TensorView 
                                           view(scratch_k, "scratch k"), view(scratch_v, "scratch v"),
                                           view(scratch_out, "scratch out"),
                                           view(scratch_lse, "scratch lse"),
-                                          v_transposed ? speedmla::PrefillValueLayout::kFp8Transposed
-                                                       : speedmla::PrefillValueLayout::kTokenMajor};
+                                          value_layout(v_transposed)};
     (*b).attend_cached_prefix(view(q, "q"), view(kv_cache, "kv_cache"), static_cast<float>(k_scale),
                               expander, scratch, view(out, "out"), view(lse, "lse"),
                               static_cast<float>(softmax_scale), b.stream());
