@@ -73,9 +73,10 @@ __device__ __forceinline__ void pack_transposed_values(const PackPrefillKvParams
           values[i] = value[0];
         }
       }
-    }
+      // Scaled here, not below: padding must stay +0, which a negative scale would flip to -0.
 #pragma unroll
-    for (float& value : values) value *= p.v_scale_inv;
+      for (float& value : values) value *= p.v_scale_inv;
+    }
     pack_words<fp8_e4m3>(values, rows[k]);
   }
   // Word q of dim 4w + b: byte b of the words w of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q.
