@@ -7,8 +7,8 @@
 // Decode/verify: new KV rows are written into a paged cache with kv_cache_write (FP8 quantised
 // on the way), queries quantised with quantize_fp8, then mla_decode runs over mixed sequence
 // lengths (page tables shuffled across the pool, padded with the null page). Prefill: the
-// un-absorbed K/V are packed with pack_prefill_kv and mla_prefill runs causally over ragged
-// requests. Each result is checked against the CPU reference on a sample of requests, and a
+// un-absorbed K/V are packed with pack_prefill_kv (FP8: values in the kFp8Transposed layout, the
+// fast path) and mla_prefill runs causally over ragged requests. Each result is checked against the CPU reference on a sample of requests, and a
 // table reports shapes, time, TFLOP/s and GB/s by the formulas of ../shared/spec/performance.md.
 #include <cuda_runtime_api.h>
 
@@ -316,10 +316,14 @@ int main(int argc, char** argv) {
     fill_bf16(k_rope, rng, 1.f);
     fill_bf16(v, rng, 1.f);
     fill_bf16(q, rng, 1.f);
-    Buffer k8(o.dtype, {T, H, kPrefillQkDim}, device), v8(o.dtype, {T, H, kPrefillVDim}, device);
-    Buffer q8(o.dtype, {T, H, kPrefillQkDim}, device);
-    pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k8.view(), v8.view(), 1.f, 1.f);
     const bool fp8 = o.dtype == DType::kFloat8E4M3;
+    const PrefillValueLayout layout = fp8 ? PrefillValueLayout::kFp8Transposed : PrefillValueLayout::kTokenMajor;
+    Buffer k8(o.dtype, {T, H, kPrefillQkDim}, device), q8(o.dtype, {T, H, kPrefillQkDim}, device);
+    Buffer v8(o.dtype,
+              fp8 ? std::vector<int64_t>{H, kPrefillVDim, fp8_transposed_value_positions(T)}
+                  : std::vector<int64_t>{T, H, kPrefillVDim},
+              device);
+    pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k8.view(), v8.view(), layout, 1.f, 1.f);
     if (fp8) quantize_fp8(q.view(), q8.view(), 1.f);
     Buffer& q_in = fp8 ? q8 : q;
     Buffer cu_q(DType::kInt32, {B + 1}, device);
@@ -328,7 +332,8 @@ int main(int argc, char** argv) {
     Buffer out(DType::kBFloat16, {T, H, kPrefillVDim}, device), lse(DType::kFloat32, {T, H}, device);
     const float scale = 1.f / std::sqrt(192.f);
     const double ms = time_ms(gpu, gpu ? 20 : 1, [&] {
-      mla_prefill(q_in.view(), k8.view(), v8.view(), cu_q.view(), cu_q.view(), out.view(), lse.view(), true, scale, 1.f);
+      mla_prefill(q_in.view(), k8.view(), v8.view(), layout, cu_q.view(), cu_q.view(), out.view(), lse.view(), true,
+                  scale, 1.f);
     });
 
     // The reference on the first requests (all of them on the CPU, where it is the result).
@@ -339,15 +344,17 @@ int main(int argc, char** argv) {
       Buffer ref_out(DType::kBFloat16, {rows_checked, H, kPrefillVDim}, Device{});
       Buffer ref_lse(DType::kFloat32, {rows_checked, H}, Device{});
       const TensorView cu_sample = rows(cu_q.host_view(), 0, sample + 1);
+      // Transposed values are [H, 128, positions]: the sample's tokens are the first positions.
       mla_prefill(rows(q_in.host_view(), 0, rows_checked), rows(k8.host_view(), 0, rows_checked),
-                  rows(v8.host_view(), 0, rows_checked), cu_sample, cu_sample, ref_out.host_view(), ref_lse.host_view(),
-                  true, scale, 1.f);
+                  fp8 ? v8.host_view() : rows(v8.host_view(), 0, rows_checked), layout, cu_sample, cu_sample,
+                  ref_out.host_view(), ref_lse.host_view(), true, scale, 1.f);
       check = check_text(sample, rows(out.host_view(), 0, rows_checked), ref_out.host_view(),
                          rows(lse.host_view(), 0, rows_checked), ref_lse.host_view());
     }
     char shape[160];
-    std::snprintf(shape, sizeof shape, "%s %lld requests, %lld tokens, H=%lld, causal", dtype_name(o.dtype),
-                  static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H));
+    std::snprintf(shape, sizeof shape, "%s %lld requests, %lld tokens, H=%lld, causal%s", dtype_name(o.dtype),
+                  static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+                  fp8 ? ", v transposed" : "");
     const double e = static_cast<double>(dtype_size(o.dtype));
     const double bytes = T * H * ((kPrefillQkDim * 2 + kPrefillVDim) * e + kPrefillVDim * 2);
     table.push_back({"mla_prefill", gpu ? "GPU" : "CPU ref", shape, ms, flops / ms / 1e9, bytes / ms / 1e6, check});

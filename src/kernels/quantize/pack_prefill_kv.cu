@@ -13,10 +13,11 @@ constexpr int kNopeDim = kPrefillQkDim - kRopeDim;  // 128: k_out[..., 0:128] fr
 // Elements per work item on the vector path: 16 FP8 (one 16-byte store) or 16 BF16 (two).
 constexpr int kVectorChunk = 16;
 
-// Work items: the chunks of kChunk elements of each (token, head) row, k_out's (k_nope, then
-// k_rope) then v_out's; with v_out transposed (PrefillValueLayout::kFp8Transposed), in place of
-// v_out's chunks, one item per (head, 16-token group, kChunk / 2 value dims) after all the rows'
-// items (pack_transposed_values). One launch either way.
+// Work items of pack_rows_kernel: the chunks of kChunk elements of each (token, head) row, k_out's
+// (k_nope, then k_rope) then v_out's. With v_out transposed (PrefillValueLayout::kFp8Transposed)
+// the rows are k_out's alone, and pack_transposed_values_kernel has one item per (head, 16-token
+// group, kTransposedDims value dims): two launches, so that the row kernel keeps its occupancy
+// (the transposed items hold 60 registers a thread; in one kernel the k rows ran 1.2x slower).
 template <int kChunk>
 __host__ __device__ constexpr int chunks_per_row(bool v_out_transposed) {
   return (kPrefillQkDim + (v_out_transposed ? 0 : kPrefillVDim)) / kChunk;
@@ -32,8 +33,8 @@ __host__ __device__ inline int64_t transposed_value_items(const PackPrefillKvPar
          (kPrefillVDim / kTransposedDims<kChunk>);
 }
 template <int kChunk>
-int64_t pack_items(const PackPrefillKvParams& p) {
-  return p.num_tokens * p.num_heads * chunks_per_row<kChunk>(p.v_out_transposed) + transposed_value_items<kChunk>(p);
+__host__ __device__ inline int64_t row_items(const PackPrefillKvParams& p) {
+  return p.num_tokens * p.num_heads * chunks_per_row<kChunk>(p.v_out_transposed);
 }
 
 // The byte permutes below put position 4q + 2a + b of a group at token 8a + 2q + b.
@@ -72,9 +73,10 @@ __device__ __forceinline__ void pack_transposed_values(const PackPrefillKvParams
           values[i] = value[0];
         }
       }
-    }
+      // Scaled here, not below: padding must stay +0, which a negative scale would flip to -0.
 #pragma unroll
-    for (float& value : values) value *= p.v_scale_inv;
+      for (float& value : values) value *= p.v_scale_inv;
+    }
     pack_words<fp8_e4m3>(values, rows[k]);
   }
   // Word q of dim 4w + b: byte b of the words w of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q.
@@ -100,23 +102,14 @@ __device__ __forceinline__ void pack_transposed_values(const PackPrefillKvParams
                     make_uint4(dims[j][0], dims[j][1], dims[j][2], dims[j][3]));
 }
 
-// kValuesTransposed (= p.v_out_transposed) apart: the transposed items' registers (60) would
-// halve the occupancy of token-major packing.
-template <typename OutT, int kChunk, bool kValuesTransposed>
+template <typename OutT, int kChunk>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    pack_prefill_kv_kernel(const PackPrefillKvParams p) {
+    pack_rows_kernel(const PackPrefillKvParams p) {
   constexpr int kNopeChunks = kNopeDim / kChunk;
   constexpr int kKChunks = kPrefillQkDim / kChunk;
   const int row_chunks = chunks_per_row<kChunk>(p.v_out_transposed);
-  const int64_t row_items = p.num_tokens * p.num_heads * row_chunks;
-  const int64_t items = row_items + transposed_value_items<kChunk>(p);
+  const int64_t items = row_items<kChunk>(p);
   for (int64_t i = global_thread_index(); i < items; i += global_thread_count()) {
-    if constexpr (kValuesTransposed) {
-      if (i >= row_items) {
-        pack_transposed_values<kTransposedDims<kChunk>, (kChunk > 1)>(p, i - row_items);
-        continue;
-      }
-    }
     const int64_t row = i / row_chunks;
     const int chunk = static_cast<int>(i % row_chunks);
     const int64_t t = row / p.num_heads, h = row % p.num_heads;
@@ -145,30 +138,38 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-template <typename OutT, bool kValuesTransposed>
+template <int kChunk>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    pack_transposed_values_kernel(const PackPrefillKvParams p) {
+  const int64_t items = transposed_value_items<kChunk>(p);
+  for (int64_t i = global_thread_index(); i < items; i += global_thread_count())
+    pack_transposed_values<kTransposedDims<kChunk>, (kChunk > 1)>(p, i);
+}
+
+template <typename OutT>
 void launch(const PackPrefillKvParams& p, Stream stream) {
   const bool vectors =
       aligned16(p.k_nope, p.k_nope_dtype, {p.k_nope_stride_token, p.k_nope_stride_head}) &&
       aligned16(p.k_rope, p.k_rope_dtype, {p.k_rope_stride_token}) &&
       aligned16(p.k_out, p.out_dtype, {p.k_out_stride_token, p.k_out_stride_head}) &&
       aligned16(p.v, p.v_dtype, {p.v_stride_token, p.v_stride_head}) &&
-      (kValuesTransposed || aligned16(p.v_out, p.out_dtype, {p.v_out_stride_token, p.v_out_stride_head}));
-  if (vectors)
-    launch_elementwise(pack_prefill_kv_kernel<OutT, kVectorChunk, kValuesTransposed>, pack_items<kVectorChunk>(p), p,
-                       stream);
-  else
-    launch_elementwise(pack_prefill_kv_kernel<OutT, 1, kValuesTransposed>, pack_items<1>(p), p, stream);
+      (p.v_out_transposed || aligned16(p.v_out, p.out_dtype, {p.v_out_stride_token, p.v_out_stride_head}));
+  if (vectors) {
+    launch_elementwise(pack_rows_kernel<OutT, kVectorChunk>, row_items<kVectorChunk>(p), p, stream);
+    launch_elementwise(pack_transposed_values_kernel<kVectorChunk>, transposed_value_items<kVectorChunk>(p), p, stream);
+  } else {
+    launch_elementwise(pack_rows_kernel<OutT, 1>, row_items<1>(p), p, stream);
+    launch_elementwise(pack_transposed_values_kernel<1>, transposed_value_items<1>(p), p, stream);
+  }
 }
 
 }  // namespace
 
 void run_pack_prefill_kv(const PackPrefillKvParams& params, Stream stream) {
-  if (params.v_out_transposed)  // FP8 only (validated)
-    launch<fp8_e4m3, true>(params, stream);
-  else if (params.out_dtype == DType::kFloat8E4M3)
-    launch<fp8_e4m3, false>(params, stream);
+  if (params.out_dtype == DType::kFloat8E4M3)
+    launch<fp8_e4m3>(params, stream);
   else
-    launch<bf16, false>(params, stream);
+    launch<bf16>(params, stream);
 }
 
 }  // namespace speedmla::kernels

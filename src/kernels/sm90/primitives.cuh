@@ -67,14 +67,20 @@ __device__ __forceinline__ void cp_async_16(uint32_t address, const void* src, u
 // Waits for all of this thread's cp_async_16 copies.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Four 8x8 matrices of 16-bit elements, transposed on the way: lanes 8i..8i+7 give the row
-// addresses of matrix i (16 bytes each); lane l receives, in register i, elements
-// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of matrix i (row, column).
-__device__ __forceinline__ uint4 ldmatrix_x4_trans(uint32_t address) {
+// Four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i
+// (16 bytes each). Lane l receives, in register i, elements (l / 4, 2 (l % 4)) and
+// (l / 4, 2 (l % 4) + 1) of matrix i (row, column; for 8-bit data: bytes 4 (l % 4) .. + 3 of
+// row l / 4); transposed on the way (kTranspose), elements (2 (l % 4), l / 4) and
+// (2 (l % 4) + 1, l / 4).
+template <bool kTranspose>
+__device__ __forceinline__ uint4 ldmatrix_x4(uint32_t address) {
   uint4 v;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(address));
+  if constexpr (kTranspose)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
   return v;
 }
 // Four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i;

@@ -197,7 +197,7 @@ struct NarrowDecodeKernel {
       }
 #pragma unroll
       for (int i = 0; i < kFragTiles; ++i) {
-        const uint4 in = sm90::ldmatrix_x4_trans(row_address + (first_tile + i) * kChunkBytes);
+        const uint4 in = sm90::ldmatrix_x4<true>(row_address + (first_tile + i) * kChunkBytes);
         frag[i][step][0] = sm90::byte_perm(in.x, in.y, 0x6420u) & keep[0];
         frag[i][step][1] = sm90::byte_perm(in.x, in.y, 0x7531u) & keep[0];
         frag[i][step][2] = sm90::byte_perm(in.z, in.w, 0x6420u) & keep[1];

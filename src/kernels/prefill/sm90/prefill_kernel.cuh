@@ -45,6 +45,7 @@
 #include "kernels/sm90/attention/probabilities.cuh"
 #include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/swizzle.cuh"
 #include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/wgmma.cuh"
 #include "speedmla/prefill.h"
@@ -66,6 +67,7 @@ struct PrefillBf16Traits {
   // producer gives most of its share to the consumers (64 score + 64 output + 32 P registers).
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
+  static constexpr bool kQueryInRegisters = false;
   using ScoreMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read token-major as loaded: N (value dims) is its contiguous dimension.
   using ValueMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
@@ -93,7 +95,11 @@ struct PrefillFp8Traits {
   // The producer's warps transpose every value block (a batch of four 16-byte loads in flight).
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
-  using ScoreMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  // The consumer's 64 query rows stay in registers for the tile (24 a thread): each S GEMM then
+  // reads only the key block from shared memory, a third less than with Q there too. BF16's
+  // query (48 registers) does not fit beside its P fragments.
+  static constexpr bool kQueryInRegisters = true;
+  using ScoreMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
   using ValueMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
 };
 
@@ -138,6 +144,9 @@ struct PrefillKernel {
   static constexpr int kAccRegs = kVDim / 2;        // 64 x 128 FP32 over 128 threads
   static constexpr int kScoreRegs = kBlockKeys / 2;  // 64 x 128 FP32
   static constexpr int kProbRegs = attention::kProbabilityRegs<kFp8, kScoreRegs>;
+  static constexpr bool kQueryInRegisters = Traits::kQueryInRegisters;
+  // The query's A fragments: four registers per score K step (none when Q is read from shared memory).
+  static constexpr int kQueryRegs = kQueryInRegisters ? 4 * kQkChunks * kScoreStepsPerChunk : 1;
 
   // FP8 V^T: 128 value dims x 128 token positions in core matrices of 8 dims x 16 positions,
   // kVtCoreStride apart along the positions (16 bytes of padding each) and kVtGroupStride apart
@@ -446,9 +455,28 @@ struct PrefillKernel {
   // Consumers
   // ---------------------------------------------------------------------------------------
 
+  // The A fragments of this consumer's 64 query rows (kQueryInRegisters): per score step (32
+  // features) one ldmatrix.x4 — matrices (rows 0-7, bytes 0-15), (rows 8-15, 0-15), (0-7, 16-31),
+  // (8-15, 16-31) of the warp's 16 rows, which is the wgmma's 8-bit A layout.
+  static __device__ void load_query(SharedStorage& s, int me, uint32_t (&query)[kQueryRegs]) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int row = me * kConsumerRows + 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int c = 0; c < kQkChunks; ++c)
+#pragma unroll
+      for (int step = 0; step < kScoreStepsPerChunk; ++step) {
+        const uint32_t address = sm90::smem_u32(s.q + c * kChunkBytes) +
+                                 sm90::swizzled_piece_offset<Traits::kSwizzle>(row, 2 * step + lane / 16);
+        const uint4 v = sm90::ldmatrix_x4<false>(address);
+        uint32_t* a = &query[4 * (c * kScoreStepsPerChunk + step)];
+        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+      }
+  }
+
   // S = Q·K^T of this consumer's 64 rows against the key block at `keys` (a K stage): one wgmma
   // group, each step's descriptors one 32-bit add away from the base ones.
-  static __device__ void issue_scores(SharedStorage& s, const uint8_t* keys, int me, float (&scores)[kScoreRegs]) {
+  static __device__ void issue_scores(SharedStorage& s, const uint8_t* keys, int me, const uint32_t (&query)[kQueryRegs],
+                                      float (&scores)[kScoreRegs]) {
     const uint64_t q_desc =
         sm90::make_smem_desc(s.q + me * kConsumerRows * kRowBytes, 16, kRowGroupBytes, Traits::kSwizzle);
     const uint64_t k_desc = sm90::make_smem_desc(keys, 16, kRowGroupBytes, Traits::kSwizzle);
@@ -458,8 +486,12 @@ struct PrefillKernel {
 #pragma unroll
       for (int step = 0; step < kScoreStepsPerChunk; ++step) {
         const uint32_t offset = c * kChunkBytes + step * 32;
-        sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset), sm90::desc_advance(k_desc, offset),
-                                                scores, c + step > 0);
+        if constexpr (kQueryInRegisters)
+          sm90::mma_rs<typename Traits::ScoreMma>(&query[4 * (c * kScoreStepsPerChunk + step)],
+                                                  sm90::desc_advance(k_desc, offset), scores, c + step > 0);
+        else
+          sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset),
+                                                  sm90::desc_advance(k_desc, offset), scores, c + step > 0);
       }
     sm90::wgmma_commit();
   }
@@ -557,13 +589,14 @@ struct PrefillKernel {
   // other, ptxas serialised every wgmma of the kernel. The consumers release the query tile only
   // once that group has retired, so nothing overwrites it meanwhile.
   static __device__ void start_tile(SharedStorage& s, const TileInfo& t, sm90::PipelineState<kStages> at, int me,
-                                    float (&scores)[kScoreRegs]) {
+                                    uint32_t (&query)[kQueryRegs], float (&scores)[kScoreRegs]) {
     const bool keys = t.num_blocks > 0;
+    if constexpr (kQueryInRegisters) load_query(s, me, query);
     if (keys) {
       sm90::mbarrier_wait(&s.k_full[at.stage()], at.full_parity());
       sm90::named_barrier_sync(kBarTurn0 + me, kTurnThreads);
     }
-    issue_scores(s, keys ? s.k[at.stage()] : s.q, me, scores);
+    issue_scores(s, keys ? s.k[at.stage()] : s.q, me, query, scores);
     if (keys) sm90::named_barrier_arrive(kBarTurn0 + (1 - me), kTurnThreads);
     sm90::wgmma_wait<1>();
   }
@@ -579,6 +612,7 @@ struct PrefillKernel {
     float acc[kAccRegs];
     float scores[kScoreRegs];
     uint32_t probs[kProbRegs];
+    uint32_t query[kQueryRegs];  // kQueryInRegisters: this tile's query fragments (start_tile)
     Softmax softmax;
     sm90::PipelineState<kStages> blocks;
     uint32_t tail_phases = 0;  // BF16: wait_values
@@ -586,12 +620,14 @@ struct PrefillKernel {
     if (me == 1) sm90::named_barrier_arrive(kBarTurn0, kTurnThreads);
 
     // Retires every wgmma group of this warpgroup. The register fences tell the compiler the
-    // accumulators and P are live up to here: a P·V reads P asynchronously.
+    // accumulators, P and the query are live up to here: a P·V reads P, an S GEMM the query,
+    // asynchronously.
     auto retire_all = [&] {
       sm90::wgmma_wait<0>();
       sm90::fence_registers(acc);
       sm90::fence_registers(scores);
       sm90::fence_registers(probs);
+      sm90::fence_registers(query);
     };
 
     // One place issues every tile's S(0) (start_tile, below): with more, ptxas joined their score
@@ -632,7 +668,7 @@ struct PrefillKernel {
           stage = blocks.stage();
           sm90::mbarrier_wait(&s.k_full[stage], blocks.full_parity());
           sm90::named_barrier_sync(my_turn, kTurnThreads);
-          issue_scores(s, s.k[stage], me, scores);
+          issue_scores(s, s.k[stage], me, query, scores);
           if (j > 1) attention::scale_rows<true>(acc, factor[0], factor[1]);  // to block j - 1's maxima
           wait_values(s, previous, t, j - 1, tail_phases);
           issue_values(s, previous.stage(), probs, acc, j > 1);
@@ -641,6 +677,7 @@ struct PrefillKernel {
           // the softmax of block j does.
           sm90::wgmma_wait<1>();
           sm90::fence_registers(scores);
+          sm90::fence_registers(query);
           release(&s.k_free[stage]);
           if (j == n - 1) sm90::mbarrier_arrive(&s.q_free);
           mask_block(scores, j, limit, lower);
@@ -655,7 +692,7 @@ struct PrefillKernel {
         blocks.advance();
       }
       const TileInfo next = next_tile(s, tiles++);
-      start_tile(s, next, blocks, me, scores);  // and retires the last P·V
+      start_tile(s, next, blocks, me, query, scores);  // and retires the last P·V
       sm90::fence_registers(acc);
       sm90::fence_registers(probs);
       if (n > 0) release(&s.v_free[last.stage()]);

@@ -54,7 +54,7 @@ __device__ __forceinline__ void transpose_fp8_values(uint32_t src, int first_chu
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int step = batch + i;
-      in[i] = ldmatrix_x4_trans(load_base[step % 2] + (step / 2) * kChunkBytes);
+      in[i] = ldmatrix_x4<true>(load_base[step % 2] + (step / 2) * kChunkBytes);
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
