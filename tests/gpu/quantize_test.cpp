@@ -116,9 +116,17 @@ TEST_P(QuantizeGpu, PackPrefillKvTransposedValuesMatchReference) {
   std::mt19937_64 rng = seeded_rng();
   const DType in = GetParam();
   // Vector path (aligned); v and k_nope rows of a [T, H, 256] projection (pad 128); the scalar
-  // path (k_nope one element off 16-byte alignment).
-  const PackCase cases[] = {{0, 4, in},  {1, 1, in},          {16, 16, in}, {17, 3, in, true, 0, 0, 0.5f, 2.f},
-                            {45, 8, in}, {50, 4, in, false, 128}, {33, 2, in, false, 0, 1, 2.f, 0.25f}};
+  // path (k_nope one element off 16-byte alignment); negative scales on both paths (the padding
+  // stays +0: a scaled zero would be -0, which the GPU once wrote).
+  const PackCase cases[] = {{0, 4, in},
+                            {1, 1, in},
+                            {16, 16, in},
+                            {17, 3, in, true, 0, 0, 0.5f, 2.f},
+                            {45, 8, in},
+                            {50, 4, in, false, 128},
+                            {33, 2, in, false, 0, 1, 2.f, 0.25f},
+                            {19, 2, in, false, 0, 0, -1.f, -1.f},
+                            {5, 3, in, false, 0, 1, -0.5f, -2.f}};
   for (const PackCase& p : cases) {
     for (const int64_t spare : {int64_t{0}, int64_t{32}}) {  // positions past the tokens' groups
       const int64_t positions = (p.tokens + 15) / 16 * 16 + spare;
