@@ -111,14 +111,12 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
     const int64_t tokens = int64_t{c.batch} * c.len;
     const TensorView q = make_view(buf.q, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
     const TensorView k = make_view(buf.k, c.dtype, dev, {tokens, c.heads, kPrefillQkDim});
-    const bool transposed = c.v_layout == PrefillValueLayout::kFp8Transposed;
-    const TensorView v = transposed ? make_view(buf.v, c.dtype, dev, {c.heads, kPrefillVDim, fp8_transposed_value_positions(tokens)})
-                                    : make_view(buf.v, c.dtype, dev, {tokens, c.heads, kPrefillVDim});
+    const TensorView v = make_view(buf.v, c.dtype, dev, prefill_value_shape(tokens, c.heads, c.v_layout));
     const TensorView out = make_view(buf.out, DType::kBFloat16, dev, {tokens, c.heads, kPrefillVDim});
     const TensorView lse = make_view(buf.lse, DType::kFloat32, dev, {tokens, c.heads});
     const TensorView cu_view = make_view(buf.cu, DType::kInt32, dev, {c.batch + 1});
     const bool fp8 = c.dtype == DType::kFloat8E4M3;
-    std::printf("%-5s %3d %3d %6d %-6s | ", transposed ? "fp8t" : fp8 ? "fp8" : "bf16", c.heads, c.batch, c.len,
+    std::printf("%-5s %3d %3d %6d %-6s | ", c.v_layout == PrefillValueLayout::kFp8Transposed ? "fp8t" : fp8 ? "fp8" : "bf16", c.heads, c.batch, c.len,
                 c.causal ? "causal" : "full");
     std::fflush(stdout);
     if (rest_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));

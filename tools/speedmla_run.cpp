@@ -319,10 +319,7 @@ int main(int argc, char** argv) {
     const bool fp8 = o.dtype == DType::kFloat8E4M3;
     const PrefillValueLayout layout = fp8 ? PrefillValueLayout::kFp8Transposed : PrefillValueLayout::kTokenMajor;
     Buffer k8(o.dtype, {T, H, kPrefillQkDim}, device), q8(o.dtype, {T, H, kPrefillQkDim}, device);
-    Buffer v8(o.dtype,
-              fp8 ? std::vector<int64_t>{H, kPrefillVDim, fp8_transposed_value_positions(T)}
-                  : std::vector<int64_t>{T, H, kPrefillVDim},
-              device);
+    Buffer v8(o.dtype, prefill_value_shape(T, H, layout), device);
     pack_prefill_kv(k_nope.view(), k_rope.view(), v.view(), k8.view(), v8.view(), layout, 1.f, 1.f);
     if (fp8) quantize_fp8(q.view(), q8.view(), 1.f);
     Buffer& q_in = fp8 ? q8 : q;

@@ -1,7 +1,9 @@
 // speedmla/prefill.h — ragged multi-head attention for MLA prefill (the "un-absorbed" form).
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "speedmla/tensor.h"
 
@@ -35,6 +37,14 @@ constexpr int64_t fp8_transposed_value_position(int64_t t) {
 }
 // and the token (within its group) at position p (0..15) of a group: the inverse.
 constexpr int fp8_transposed_value_token(int p) { return 8 * ((p / 2) % 2) + 2 * (p / 4) + p % 2; }
+
+// The shape of the values of `tokens` tokens and `heads` heads in `layout` (Python:
+// speedmla.value_shape): [tokens, heads, 128], or with kFp8Transposed [heads, 128,
+// fp8_transposed_value_positions(tokens)].
+inline std::vector<int64_t> prefill_value_shape(int64_t tokens, int64_t heads, PrefillValueLayout layout) {
+  if (layout == PrefillValueLayout::kFp8Transposed) return {heads, kPrefillVDim, fp8_transposed_value_positions(tokens)};
+  return {tokens, heads, kPrefillVDim};
+}
 
 // Ragged (variable-length, packed) attention over B requests.
 //

@@ -152,8 +152,7 @@ void run_extend_case(const ExtendCase& c, const std::string& name) {
                                  one_shot.cu_q.view(), true, scale, out.view(), lse.view());
   const int64_t rows = std::max<int64_t>(md.chunks.max_loop_tokens, 1);
   DeviceTensor s_latent(DType::kBFloat16, {rows, kCacheRowDim}), s_k(c.dtype, {rows, kHeads, kPrefillQkDim}),
-      s_v(c.dtype, transposed ? std::vector<int64_t>{kHeads, kPrefillVDim, fp8_transposed_value_positions(rows)}
-                              : std::vector<int64_t>{rows, kHeads, kPrefillVDim}),
+      s_v(c.dtype, prefill_value_shape(rows, kHeads, c.v_layout)),
       s_out(DType::kBFloat16, {total_q, kHeads, kPrefillVDim}), s_lse(DType::kFloat32, {total_q, kHeads});
   int64_t loops = 0;
   backend.attend_cached_prefix(

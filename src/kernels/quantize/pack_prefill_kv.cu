@@ -146,6 +146,13 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     pack_transposed_values<kTransposedDims<kChunk>, (kChunk > 1)>(p, i);
 }
 
+// The token-major rows, then the transposed values (none unless v_out is transposed).
+template <typename OutT, int kChunk>
+void launch_kernels(const PackPrefillKvParams& p, Stream stream) {
+  launch_elementwise(pack_rows_kernel<OutT, kChunk>, row_items<kChunk>(p), p, stream);
+  launch_elementwise(pack_transposed_values_kernel<kChunk>, transposed_value_items<kChunk>(p), p, stream);
+}
+
 template <typename OutT>
 void launch(const PackPrefillKvParams& p, Stream stream) {
   const bool vectors =
@@ -154,13 +161,10 @@ void launch(const PackPrefillKvParams& p, Stream stream) {
       aligned16(p.k_out, p.out_dtype, {p.k_out_stride_token, p.k_out_stride_head}) &&
       aligned16(p.v, p.v_dtype, {p.v_stride_token, p.v_stride_head}) &&
       (p.v_out_transposed || aligned16(p.v_out, p.out_dtype, {p.v_out_stride_token, p.v_out_stride_head}));
-  if (vectors) {
-    launch_elementwise(pack_rows_kernel<OutT, kVectorChunk>, row_items<kVectorChunk>(p), p, stream);
-    launch_elementwise(pack_transposed_values_kernel<kVectorChunk>, transposed_value_items<kVectorChunk>(p), p, stream);
-  } else {
-    launch_elementwise(pack_rows_kernel<OutT, 1>, row_items<1>(p), p, stream);
-    launch_elementwise(pack_transposed_values_kernel<1>, transposed_value_items<1>(p), p, stream);
-  }
+  if (vectors)
+    launch_kernels<OutT, kVectorChunk>(p, stream);
+  else
+    launch_kernels<OutT, 1>(p, stream);
 }
 
 }  // namespace
