@@ -92,8 +92,9 @@ int run_prefill_cases(const std::vector<PrefillCase>& cases, int iters, int rest
 
   std::printf("\nprefill: ms = median of %d calls, L2 flushed before each; TFLOP/s by performance.md's prefill formula\n",
               iters);
+  // The cuDNN column is a table measured on another day, not a same-run peer (prefill_peer.py is).
   std::printf("%-5s %3s %3s %6s %-6s | %8s %8s %6s | %-22s | %s\n", "dtype", "H", "B", "len", "mask", "ms", "TFLOP/s",
-              "%mma", "cuDNN bf16 ms, / ours", "SM clock, power, throttle (nvidia-smi)");
+              "%mma", "cuDNN table ms, / ours", "SM clock, power, throttle (nvidia-smi)");
   int status = 0;
   DType filled = DType::kUInt8;
   for (const PrefillCase& c : cases) {
