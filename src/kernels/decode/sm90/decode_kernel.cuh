@@ -281,7 +281,10 @@ struct DecodeKernel {
   // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
   // wgmma steps, each step's descriptors one 32-bit add away from the base ones (a rolled
   // loop makes ptxas fence and serialise the wgmmas), part by part as each part lands.
-  static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32]) {
+  // `after_first_part` runs once the first part's wgmmas are issued, before the wait for the
+  // next part (see the BF16 scorer in consumer_warpgroup).
+  template <typename AfterFirstPart>
+  static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32], AfterFirstPart&& after_first_part) {
     const int stage = j % kKStages;
     const uint64_t q_desc = sm90::make_smem_desc(s.q, 16, kRowGroupBytes, Traits::kSwizzle);
     const uint64_t k_desc = sm90::make_smem_desc(s.k + stage * kTileBytes, 16, kRowGroupBytes, Traits::kSwizzle);
@@ -299,6 +302,7 @@ struct DecodeKernel {
                                                   sm90::desc_advance(k_desc, offset), scores, c + step > 0);
         }
       }
+      if (part == 0) after_first_part();
     }
     sm90::wgmma_commit();
   }
@@ -580,7 +584,7 @@ struct DecodeKernel {
       sm90::mbarrier_arrive(&s.channel_free[warp]);
       ++message;
     };
-    auto issue_block_scores = [&](int j_block) { issue_scores(s, j_block, scores); };
+    auto issue_block_scores = [&](int j_block) { issue_scores(s, j_block, scores, [] {}); };
     // Waits for every wgmma of this warpgroup. The register fences tell the compiler that the
     // accumulators and both P fragment sets are live up to here: a P·V reads its P registers
     // asynchronously, and were they shared with the scores (dead to the compiler once packed)
@@ -660,8 +664,11 @@ struct DecodeKernel {
           write_message(new_max, block_sums);  // while the P·V runs
           retire_wgmmas();
           release_values(s, j_block, me);
-          if (b + 1 < num_blocks) issue_block_scores(j_block + 1);
-          post_message();
+          // P(b) is posted once the first part of S(b+1) is queued: consumer 1's P·V(b) then
+          // runs behind that part, and ahead of the second if that has not landed yet, rather
+          // than waiting for the load that the second part waits for.
+          if (b + 1 < num_blocks) issue_scores(s, j_block + 1, scores, post_message);
+          else post_message();
         } else {
           // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
           // block), but ptxas merges this path with the scorer's, which ends with S(b+1) in
