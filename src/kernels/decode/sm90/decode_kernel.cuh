@@ -655,7 +655,7 @@ struct DecodeKernel {
           // The scorer. S(b) is the only group in flight. Its P·V of the block is retired at
           // once so that its part of the stage loads the next-but-one block early; part 0 of
           // S(b+1) is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the
-          // block runs on the tensor cores during the softmax of b+1, not before S(b+1).
+          // block runs on the tensor cores during the softmax of b+1, not before that part.
           retire_wgmmas();
           softmax_block(p, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
           sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
