@@ -1,134 +1,199 @@
 #include <cuda_bf16.h>
 
 #include "kernels/decode/sm90/combine.h"
-#include "kernels/decode/sm90/plan.cuh"
+#include "kernels/decode/sm90/config.h"
 #include "kernels/sm90/dependent_launch.cuh"
 
 namespace speedmla::kernels::decode_sm90 {
 namespace {
 
-// One warp per (split request, query row, 128 output columns): lane l owns columns 4l .. 4l + 3
-// of the warp's 128, so each load instruction of a warp reads 512 contiguous bytes. Warps meet
-// at no CTA barrier: each computes its row's piece weights itself (a few exponentials), 32
-// pieces at a time, one per lane, broadcast by shuffles. A request has at most num_parts
-// pieces in the balanced policy (any number in the batch-invariant one); long contexts on small batches have many (B = 4: ~33), and few rows, so splitting a
-// row's columns over four warps is what keeps enough loads in flight to reach the memory's
-// bandwidth there.
+// Work: the plan's compact list of split requests (PlanHeader::num_split_requests entries of
+// DecodeParams::split_requests). Grid: (row groups, list entries), at most max_split_requests
+// columns; a CTA whose entry lies past the list's end returns at once.
 //
-// Grid: (row pairs, columns). In the balanced policy at most num_parts - 1 requests are split
-// (every cut between two parts lies inside one request), so min(batch, num_parts - 1) CTA
-// columns suffice: column y combines the split ones among requests y, y + columns, ... (the
-// batch-invariant policy may split more; the columns then take more requests each, in the
-// same fixed order). The host cannot know which (the
-// plan is made on the GPU); one CTA per request and row pair instead made 8192 CTAs at B = 128,
-// H = 64, q_len 2, about 8 us of launching CTAs that mostly find nothing to do.
-constexpr int kColumnsPerWarp = 128;
-constexpr int kWarpsPerRow = kLatentDim / kColumnsPerWarp;
-constexpr int kCombineRows = 2;  // rows of one request per CTA
-constexpr int kCombineThreads = 32 * kWarpsPerRow * kCombineRows;
+// A warp combines one query row's 512 columns (lane l owns columns 4l + 128c, c = 0..3: each
+// load instruction of the warp reads 512 contiguous bytes) over some of the row's pieces: the
+// row's pieces are dealt round-robin to kPieceGroups warps, each loading kPiecesPerRound of them
+// (and their LSE) at once before using any, and merging them into its own running
+// (max, sum, accumulator) online. A row costs one memory round trip per round. Batches at least
+// as large as the part count cut a request into two pieces, rarely three (kPieceGroups 1: a
+// warp per row, eight rows a CTA); small batches on long contexts into many (B = 4 on 132 SMs:
+// ~34), dealt over eight warps of one CTA that then merge their results through shared memory.
+// The warps of a CTA meet only there. (The kernel before this one scanned the batch's plans per
+// CTA and took three to five round trips a row; at B = 128, H = 128, q_len 2 it ran 21 us past
+// the main kernel's end, where FlashMLA's combine takes 10.)
+constexpr int kCombineWarps = 8;
+constexpr int kCombineThreads = 32 * kCombineWarps;
+constexpr int kColumnsPerLane = kLatentDim / 32;  // 16: four float4 a piece
+constexpr int kChunksPerLane = kColumnsPerLane / 4;
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
-// Pieces whose partial loads are issued before their weights are known (combine_row):
-// 8 in general; 16 where requests are cut into many pieces (a small batch on a long context,
-// B = 4: ~33 pieces a row), so that a row costs three memory round trips after its plan instead
-// of five. 16 take 128 registers a thread, two CTAs an SM: where rows have few pieces (large
-// batches) the combine is bound by bandwidth over many rows and wants the occupancy of 8.
-constexpr int kPiecesAhead = 8;
-constexpr int kManyPiecesAhead = 16;
+// Running merge of one row's pieces by their LSE: out = sum_i e^(lse_i - max) o_i / sum_i
+// e^(lse_i - max). A NaN LSE poisons the row (nan_max makes it the max, and every weight NaN);
+// an empty piece (LSE -inf) weighs 0 and is skipped, never multiplied (its partial may hold
+// anything, and 0 * NaN is NaN).
+struct RowMerge {
+  float max = -INFINITY;
+  float sum = 0.f;
+  float acc[kColumnsPerLane] = {};
 
-__device__ __forceinline__ void accumulate(float4& acc, float w, const float4& x) {
-  // An empty piece weighs 0 and its partial may hold anything: it is skipped, not multiplied
-  // (0 * NaN).
-  if (w != 0.f) {
-    acc.x = fmaf(w, x.x, acc.x);
-    acc.y = fmaf(w, x.y, acc.y);
-    acc.z = fmaf(w, x.z, acc.z);
-    acc.w = fmaf(w, x.w, acc.w);
+  // Folds in pieces with LSE lse[k] and partial columns x[k] (this lane's).
+  template <int kCount>
+  __device__ __forceinline__ void add(const float (&lse)[kCount], const float4 (&x)[kCount][kChunksPerLane]) {
+    float round_max = max;
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) round_max = nan_max(round_max, lse[k]);
+    if (round_max == -INFINITY) return;  // every piece so far empty
+    // max is -inf (nothing yet: acc and sum are 0) or finite; round_max finite or NaN.
+    const float rescale = max == -INFINITY ? 0.f : expf(max - round_max);
+    sum *= rescale;
+#pragma unroll
+    for (int i = 0; i < kColumnsPerLane; ++i) acc[i] *= rescale;
+    max = round_max;
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      const float w = expf(lse[k] - round_max);
+      if (w == 0.f) continue;
+      sum += w;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        acc[4 * c + 0] = fmaf(w, x[k][c].x, acc[4 * c + 0]);
+        acc[4 * c + 1] = fmaf(w, x[k][c].y, acc[4 * c + 1]);
+        acc[4 * c + 2] = fmaf(w, x[k][c].z, acc[4 * c + 2]);
+        acc[4 * c + 3] = fmaf(w, x[k][c].w, acc[4 * c + 3]);
+      }
+    }
+  }
+};
+
+// Merges the row's pieces group, group + kPieceGroups, ... (of num_splits) into `merge`.
+template <int kPieceGroups, int kPiecesPerRound>
+__device__ __forceinline__ void merge_pieces(const DecodeParams& p, const SplitRequest& split, int row, int group,
+                                             int lane, RowMerge& merge) {
+  const float* lse = p.partial_lse + static_cast<int64_t>(split.slot) * p.num_rows + row;
+  const float4* partial = reinterpret_cast<const float4*>(
+      p.partial_out + (static_cast<int64_t>(split.slot) * p.num_rows + row) * kLatentDim) + lane;
+  const int64_t piece_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
+  for (int first = group; first < split.num_splits; first += kPieceGroups * kPiecesPerRound) {
+    float piece_lse[kPiecesPerRound];
+    float4 x[kPiecesPerRound][kChunksPerLane];
+#pragma unroll
+    for (int k = 0; k < kPiecesPerRound; ++k) {
+      const int piece = first + k * kPieceGroups;
+      piece_lse[k] = piece < split.num_splits ? lse[static_cast<int64_t>(piece) * p.num_rows] : -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c)
+        if (piece < split.num_splits) x[k][c] = __ldcs(partial + piece * piece_stride + 32 * c);
+    }
+    merge.add(piece_lse, x);
   }
 }
 
-// Combines one row's 128 columns (this warp's) of one split request. At small batch an SM
-// holds few such warps and each waits on memory, so the first kAhead partials are
-// loaded together with the pieces' LSE (one per lane, kept for the weights): one memory round
-// trip before the first accumulation, where loading the partials after the weights took three.
-template <int kAhead>
-__device__ void combine_row(const DecodeParams& p, const RequestPlan& plan, int piece_units, int request,
-                            int row, int column, int lane) {
-  const int num_splits = request_num_splits(plan, piece_units);
-  const float* lse = p.partial_lse + static_cast<int64_t>(plan.split_slot) * p.num_rows + row;
-  const float4* src = reinterpret_cast<const float4*>(
-      p.partial_out + (static_cast<int64_t>(plan.split_slot) * p.num_rows + row) * kLatentDim + column);
-  const int64_t split_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
-
-  static_assert(kAhead <= 32, "the pieces loaded ahead are the first round's");
-  float4 ahead[kAhead];
-#pragma unroll
-  for (int k = 0; k < kAhead; ++k)
-    if (k < num_splits) ahead[k] = src[k * split_stride];
-  const float first_lse = lane < num_splits ? lse[static_cast<int64_t>(lane) * p.num_rows] : -INFINITY;
-
-  // NaN-propagating maximum of the pieces' LSE: a NaN piece must poison the row.
-  float max_lse = first_lse;
-  for (int s = 32 + lane; s < num_splits; s += 32) max_lse = nan_max(max_lse, lse[static_cast<int64_t>(s) * p.num_rows]);
-  for (int d = 16; d > 0; d /= 2) max_lse = nan_max(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, d));
-  // All pieces empty (-inf): the row saw no key, out 0 and lse -inf.
-  const bool empty = max_lse == -INFINITY;
-
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float sum = 0.f;
-  for (int first = 0; first < num_splits; first += 32) {
-    const int mine = first + lane;
-    const float my_lse = first == 0 ? first_lse : mine < num_splits ? lse[static_cast<int64_t>(mine) * p.num_rows] : -INFINITY;
-    const float my_weight = empty || mine >= num_splits ? 0.f : expf(my_lse - max_lse);
-    sum += my_weight;
-    const int count = min(32, num_splits - first);
-    int k = 0;
-    if (first == 0) {
-#pragma unroll
-      for (; k < kAhead; ++k) {
-        const float w = __shfl_sync(0xffffffffu, my_weight, k);
-        if (k < count) accumulate(acc, w, ahead[k]);
-      }
-    }
-#pragma unroll 8
-    for (; k < count; ++k) accumulate(acc, __shfl_sync(0xffffffffu, my_weight, k), src[(first + k) * split_stride]);
-  }
-  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-
-  const float norm = sum > 0.f ? p.output_scale / sum : (max_lse != max_lse ? NAN : 0.f);
+// Writes columns [column, column + kCount) of one row: BF16 out * output_scale / sum.
+template <int kCount>
+__device__ __forceinline__ void store_columns(const DecodeParams& p, int request, int row, int column,
+                                              const float (&values)[kCount], float norm) {
+  static_assert(kCount % 2 == 0 && kCount <= 4, "bfloat162 pairs, at most 8 bytes a store");
   const int token = row / p.num_heads, head = row % p.num_heads;
   uint16_t* dst =
       p.out + request * p.out_stride_batch + token * p.out_stride_token + head * p.out_stride_head + column;
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * norm, acc.y * norm);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * norm, acc.w * norm);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-  if (p.lse != nullptr && column == 0)
-    p.lse[request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] =
-        sum > 0.f ? max_lse + logf(sum) : max_lse;
+  uint32_t packed[kCount / 2];
+#pragma unroll
+  for (int i = 0; i < kCount / 2; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(values[2 * i] * norm, values[2 * i + 1] * norm);
+    packed[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  if constexpr (kCount == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+  else *reinterpret_cast<uint32_t*>(dst) = packed[0];
 }
 
-template <int kAhead>
+__device__ __forceinline__ void store_lse(const DecodeParams& p, int request, int row, float max, float sum) {
+  if (p.lse == nullptr) return;
+  const int token = row / p.num_heads, head = row % p.num_heads;
+  p.lse[request * p.lse_stride_batch + token * p.lse_stride_token + head * p.lse_stride_head] =
+      sum > 0.f ? max + logf(sum) : max;
+}
+
+// All pieces empty (-inf, sum 0): out 0 and lse -inf; a NaN max: NaN.
+__device__ __forceinline__ float output_norm(const DecodeParams& p, float max, float sum) {
+  return sum > 0.f ? p.output_scale / sum : (max != max ? NAN : 0.f);
+}
+
+template <int kPieceGroups, int kPiecesPerRound>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
+  static_assert(kCombineWarps % kPieceGroups == 0, "whole rows a CTA");
+  constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
+  // The groups' results, for the cross-warp merge (kPieceGroups > 1 only).
+  struct GroupResult {
+    float acc[kLatentDim];
+    float max, sum;
+  };
+  __shared__ GroupResult results[kPieceGroups > 1 ? kCombineWarps : 1];
+
   sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row = blockIdx.x * kCombineRows + warp / kWarpsPerRow;
-  const int column = (warp % kWarpsPerRow) * kColumnsPerWarp + 4 * lane;
-  if (row >= p.num_rows) return;
-  const int piece_units = p.plan_header->piece_units;  // in flight with the plans below
-  // This column's requests, 32 at a time: lane i reads the plan of the i-th (one round trip
-  // for all), and the split ones are combined in order. The others were written directly by
-  // the main kernel.
-  const int columns = gridDim.y;
-  for (int first = blockIdx.y; first < p.batch; first += 32 * columns) {
-    const int mine = first + lane * columns;
-    const bool split = mine < p.batch && p.plans[mine].split_slot >= 0;
-    for (uint32_t pending = __ballot_sync(0xffffffffu, split); pending != 0; pending &= pending - 1) {
-      const int request = first + (__ffs(pending) - 1) * columns;
-      combine_row<kAhead>(p, p.plans[request], piece_units, request, row, column, lane);
+  const int group = warp % kPieceGroups;
+  const int row = blockIdx.x * kRowsPerCta + warp / kPieceGroups;
+  const bool has_row = row < p.num_rows;
+  const int num_split_requests = p.plan_header->num_split_requests;
+  for (int index = blockIdx.y; index < num_split_requests; index += gridDim.y) {
+    const SplitRequest split = p.split_requests[index];
+    RowMerge merge;
+    if (has_row) merge_pieces<kPieceGroups, kPiecesPerRound>(p, split, row, group, lane, merge);
+    if constexpr (kPieceGroups == 1) {
+      if (!has_row) continue;
+      const float norm = output_norm(p, merge.max, merge.sum);
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const float values[4] = {merge.acc[4 * c], merge.acc[4 * c + 1], merge.acc[4 * c + 2], merge.acc[4 * c + 3]};
+        store_columns(p, split.request, row, 128 * c + 4 * lane, values, norm);
+      }
+      if (lane == 0) store_lse(p, split.request, row, merge.max, merge.sum);
+    } else {
+      GroupResult& mine = results[warp];
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c)
+        *reinterpret_cast<float4*>(&mine.acc[128 * c + 4 * lane]) =
+            make_float4(merge.acc[4 * c], merge.acc[4 * c + 1], merge.acc[4 * c + 2], merge.acc[4 * c + 3]);
+      if (lane == 0) {
+        mine.max = merge.max;
+        mine.sum = merge.sum;
+      }
+      __syncthreads();
+      if (has_row) {
+        // The row's groups merged: each of its kPieceGroups * 32 threads takes kColumns columns.
+        const GroupResult* row_results = &results[warp - group];
+        float max = -INFINITY;
+#pragma unroll
+        for (int g = 0; g < kPieceGroups; ++g) max = nan_max(max, row_results[g].max);
+        float weight[kPieceGroups];
+        float sum = 0.f;
+#pragma unroll
+        for (int g = 0; g < kPieceGroups; ++g) {
+          // A group that saw only empty pieces (max -inf) holds zeros and weighs 0.
+          weight[g] = row_results[g].max == -INFINITY ? 0.f : expf(row_results[g].max - max);
+          sum += weight[g] * row_results[g].sum;
+        }
+        constexpr int kColumns = kLatentDim / (32 * kPieceGroups);
+        const int column = (group * 32 + lane) * kColumns;
+        float values[kColumns] = {};
+#pragma unroll
+        for (int g = 0; g < kPieceGroups; ++g)
+#pragma unroll
+          for (int i = 0; i < kColumns; ++i) values[i] = fmaf(weight[g], row_results[g].acc[column + i], values[i]);
+        const float norm = output_norm(p, max, sum);
+#pragma unroll
+        for (int i = 0; i < kColumns; i += 4 < kColumns ? 4 : kColumns) {
+          constexpr int kStore = 4 < kColumns ? 4 : kColumns;
+          float part[kStore];
+#pragma unroll
+          for (int j = 0; j < kStore; ++j) part[j] = values[i + j];
+          store_columns(p, split.request, row, column + i, part, norm);
+        }
+        if (group == 0 && lane == 0) store_lse(p, split.request, row, max, sum);
+      }
+      __syncthreads();  // results is rewritten for the next entry
     }
   }
 }
@@ -136,13 +201,25 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 }  // namespace
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
-  const int columns = params.batch < params.num_parts - 1 ? params.batch : params.num_parts - 1;
-  const dim3 grid((params.num_rows + kCombineRows - 1) / kCombineRows, columns > 1 ? columns : 1);
-  // In the balanced policy a split request has about num_parts / batch pieces (the plan is made
-  // on the GPU; the batch-invariant one may cut more, which only makes either choice correct).
-  const bool many_pieces = params.num_parts >= 8 * params.batch;
-  sm90::launch_dependent(many_pieces ? decode_combine_kernel<kManyPiecesAhead> : decode_combine_kernel<kPiecesAhead>,
-                         grid, dim3(kCombineThreads), 0, stream, params);
+  // Pieces a split request is expected to have (the plan is made on the GPU; any number is
+  // combined correctly, this only picks the shape): in the balanced policy about
+  // num_parts / batch + 1 when the batch is smaller than the part count, else two.
+  const int expected_pieces =
+      params.batch > 0 && params.batch < params.num_parts ? params.num_parts / params.batch + 1 : 2;
+  using Kernel = void (*)(DecodeParams);
+  Kernel kernel = decode_combine_kernel<1, 2>;
+  int rows_per_cta = kCombineWarps;
+  if (expected_pieces > 12) {
+    kernel = decode_combine_kernel<8, 5>;
+    rows_per_cta = kCombineWarps / 8;
+  } else if (expected_pieces > 2) {
+    kernel = decode_combine_kernel<2, 4>;
+    rows_per_cta = kCombineWarps / 2;
+  }
+  constexpr int kMaxGridY = 65535;
+  const int columns = params.max_split_requests < kMaxGridY ? params.max_split_requests : kMaxGridY;
+  const dim3 grid((params.num_rows + rows_per_cta - 1) / rows_per_cta, columns > 1 ? columns : 1);
+  sm90::launch_dependent(kernel, grid, dim3(kCombineThreads), 0, stream, params);
 }
 
 }  // namespace speedmla::kernels::decode_sm90

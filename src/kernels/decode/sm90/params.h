@@ -42,6 +42,16 @@ struct PlanHeader {
   // the balanced policy (a part's pieces are its requests), split_units in the batch-invariant
   // one (a part may hold several pieces of one request; each has its own partial result).
   int piece_units;
+  int num_split_requests;  // entries of DecodeParams::split_requests written by this plan
+};
+
+// A request the plan cut into num_splits > 1 pieces, whose partial results lie in slots
+// [slot, slot + num_splits): the combine kernel's work list, compact so that none of its CTAs
+// searches the batch for split requests.
+struct SplitRequest {
+  int request;
+  int slot;
+  int num_splits;
 };
 
 struct DecodeParams {
@@ -88,6 +98,8 @@ struct DecodeParams {
   float* partial_out;          // [num_slots, num_rows, 512] normalised partial outputs
   float* partial_lse;          // [num_slots, num_rows] natural log
   int num_slots;
+  SplitRequest* split_requests;  // [max_split_requests], the first PlanHeader::num_split_requests valid
+  int max_split_requests;
 
   // ---- scalars
   // What one partial-result slot costs, in units of the time a part spends on one KV block:

@@ -16,27 +16,28 @@ constexpr int kCandidateSpan = 8 * kCandidates;  // step = even split / kCandida
 constexpr int kStagedRequests = 4096;
 
 // Exclusive prefix sum of one value per thread across the CTA; returns the thread's offset
-// and stores the CTA total in *total.
-__device__ int block_exclusive_scan(int value, int* total) {
-  __shared__ int warp_totals[kScheduleThreads / 32];
+// and stores the CTA total in *total. T: int, or long long for two counts scanned at once.
+template <typename T>
+__device__ T block_exclusive_scan(T value, T* total) {
+  __shared__ T warp_totals[kScheduleThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = value;
+  T inclusive = value;
   for (int delta = 1; delta < 32; delta *= 2) {
-    const int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
+    const T other = __shfl_up_sync(0xffffffffu, inclusive, delta);
     if (lane >= delta) inclusive += other;
   }
   if (lane == 31) warp_totals[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    int warp_sum = lane < kScheduleThreads / 32 ? warp_totals[lane] : 0;
+    T warp_sum = lane < kScheduleThreads / 32 ? warp_totals[lane] : 0;
     for (int delta = 1; delta < 32; delta *= 2) {
-      const int other = __shfl_up_sync(0xffffffffu, warp_sum, delta);
+      const T other = __shfl_up_sync(0xffffffffu, warp_sum, delta);
       if (lane >= delta) warp_sum += other;
     }
     warp_totals[lane] = warp_sum;  // inclusive over warps
   }
   __syncthreads();
-  const int warp_offset = warp > 0 ? warp_totals[warp - 1] : 0;
+  const T warp_offset = warp > 0 ? warp_totals[warp - 1] : 0;
   *total = warp_totals[kScheduleThreads / 32 - 1];
   __syncthreads();  // warp_totals is reused by the next scan
   return warp_offset + inclusive - value;
@@ -144,21 +145,27 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
     plan.split_slot = -1;
     return plan;
   };
-  int my_slots = 0;
+  // One scan counts both the slots (low 32 bits) and the split requests (high 32 bits) before
+  // the thread's: where its requests' slots and combine work-list entries go.
+  constexpr long long kOneSplit = 1ll << 32;
+  long long my_slots = 0;
   for (int b = begin, unit = unit_offset; b < end; ++b) {
     const RequestPlan plan = plan_of(b, unit);
     const int splits = request_num_splits(plan, piece_units);
-    my_slots += splits > 1 ? splits : 0;
+    my_slots += splits > 1 ? kOneSplit + splits : 0;
     unit += planned_units(p, plan.num_blocks);
   }
-  int total_slots = 0;
-  int slot = block_exclusive_scan(my_slots, &total_slots);
+  long long total_slots = 0;
+  const long long slots_before = block_exclusive_scan(my_slots, &total_slots);
+  int slot = static_cast<int>(slots_before & 0xffffffffll);
+  int split_index = static_cast<int>(slots_before >> 32);
 
   for (int b = begin, unit = unit_offset; b < end; ++b) {
     RequestPlan plan = plan_of(b, unit);
     const int splits = request_num_splits(plan, piece_units);
     if (splits > 1) {
       plan.split_slot = slot;
+      p.split_requests[split_index++] = SplitRequest{b, slot, splits};
       slot += splits;
     }
     p.plans[b] = plan;
@@ -169,7 +176,8 @@ __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(Decod
       p.part_first_request[part] = b;
     unit += planned_units(p, plan.num_blocks);
   }
-  if (threadIdx.x == 0) *p.plan_header = PlanHeader{total_units, units_per_part, piece_units};
+  if (threadIdx.x == 0)
+    *p.plan_header = PlanHeader{total_units, units_per_part, piece_units, static_cast<int>(total_slots >> 32)};
 }
 
 }  // namespace

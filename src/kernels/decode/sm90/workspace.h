@@ -14,7 +14,8 @@ struct WorkspaceLayout {
   int num_row_tiles = 0;
   int num_parts = 0;
   int num_slots = 0;
-  size_t header_offset = 0, plans_offset = 0, part_first_offset = 0;
+  int max_split_requests = 0;  // a split request takes at least two slots, and is one of the batch
+  size_t header_offset = 0, plans_offset = 0, part_first_offset = 0, split_requests_offset = 0;
   size_t partial_lse_offset = 0, partial_out_offset = 0, total_bytes = 0;
 };
 
@@ -45,6 +46,7 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_
     const int64_t pieces = (blocks + split_blocks - 1) / split_blocks;
     if (pieces > 1 && batch * pieces > w.num_slots) w.num_slots = static_cast<int>(batch * pieces);
   }
+  w.max_split_requests = static_cast<int>(batch < w.num_slots / 2 ? batch : w.num_slots / 2);
   size_t offset = 0;
   w.header_offset = offset;
   offset = align_up(offset + sizeof(PlanHeader), 256);
@@ -52,6 +54,8 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_
   offset = align_up(offset + sizeof(RequestPlan) * static_cast<size_t>(batch), 256);
   w.part_first_offset = offset;
   offset = align_up(offset + sizeof(int) * static_cast<size_t>(w.num_parts), 256);
+  w.split_requests_offset = offset;
+  offset = align_up(offset + sizeof(SplitRequest) * static_cast<size_t>(w.max_split_requests), 256);
   w.partial_lse_offset = offset;
   offset = align_up(offset + sizeof(float) * static_cast<size_t>(w.num_slots) * rows, 256);
   w.partial_out_offset = offset;
