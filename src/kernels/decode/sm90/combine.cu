@@ -18,7 +18,8 @@ namespace {
 // (max, sum, accumulator) online. A row costs one memory round trip per round. Batches at least
 // as large as the part count cut a request into two pieces, rarely three (kPieceGroups 1: a
 // warp per row, eight rows a CTA); small batches on long contexts into many (B = 4 on 132 SMs:
-// ~34), dealt over eight warps of one CTA that then merge their results through shared memory.
+// ~34), dealt over up to eight warps of one CTA that then merge their results through shared
+// memory.
 // The warps of a CTA meet only there. (The kernel before this one scanned the batch's plans per
 // CTA and took three to five round trips a row; at B = 128, H = 128, q_len 2 it ran 21 us past
 // the main kernel's end, where FlashMLA's combine takes 10.)
@@ -209,9 +210,13 @@ void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
   using Kernel = void (*)(DecodeParams);
   Kernel kernel = decode_combine_kernel<1, 2>;
   int rows_per_cta = kCombineWarps;
-  if (expected_pieces > 12) {
+  // Enough groups that a row's pieces take one round; a CTA holds fewer rows the more groups.
+  if (expected_pieces > 20) {
     kernel = decode_combine_kernel<8, 5>;
     rows_per_cta = kCombineWarps / 8;
+  } else if (expected_pieces > 8) {
+    kernel = decode_combine_kernel<4, 5>;
+    rows_per_cta = kCombineWarps / 4;
   } else if (expected_pieces > 2) {
     kernel = decode_combine_kernel<2, 4>;
     rows_per_cta = kCombineWarps / 2;
