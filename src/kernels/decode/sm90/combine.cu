@@ -204,9 +204,11 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
   // Pieces a split request is expected to have (the plan is made on the GPU; any number is
   // combined correctly, this only picks the shape): in the balanced policy about
-  // num_parts / batch + 1 when the batch is smaller than the part count, else two.
-  const int expected_pieces =
-      params.batch > 0 && params.batch < params.num_parts ? params.num_parts / params.batch + 1 : 2;
+  // num_parts / batch + 1 when the batch is smaller than the part count, else two; in the
+  // batch-invariant one up to the workspace's pieces per request (num_slots / batch).
+  int expected_pieces = params.batch > 0 && params.batch < params.num_parts ? params.num_parts / params.batch + 1 : 2;
+  if (params.split_units > 0 && params.batch > 0 && params.num_slots / params.batch > expected_pieces)
+    expected_pieces = params.num_slots / params.batch;
   using Kernel = void (*)(DecodeParams);
   Kernel kernel = decode_combine_kernel<1, 2>;
   int rows_per_cta = kCombineWarps;
