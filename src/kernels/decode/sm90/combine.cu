@@ -125,8 +125,9 @@ template <int kPieceGroups, int kPiecesPerRound>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
   static_assert(kCombineWarps % kPieceGroups == 0, "whole rows a CTA");
   constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
-  // The groups' results, for the cross-warp merge (kPieceGroups > 1 only).
-  struct GroupResult {
+  // The groups' results, for the cross-warp merge (kPieceGroups > 1 only); 16-byte aligned for
+  // the float4 stores of acc.
+  struct alignas(16) GroupResult {
     float acc[kLatentDim];
     float max, sum;
   };
