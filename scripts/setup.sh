@@ -72,6 +72,3 @@ if [ -f "$build/libspeedmla_tvm_ffi.so" ]; then
   mkdir -p "$root/python/speedmla/_lib"
   cp "$build/libspeedmla_tvm_ffi.so" "$root/python/speedmla/_lib/"
 fi
-
-# The source version of this build, for logs made where git is absent (the GPU machine).
-git -C "$root" describe --always --dirty > "$build/commit.txt" 2>/dev/null || true
