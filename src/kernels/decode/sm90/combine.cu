@@ -201,6 +201,17 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   }
 }
 
+// The grid's rows per CTA follow from the kernel's own kPieceGroups.
+template <int kPieceGroups, int kPiecesPerRound>
+void launch_combine(const DecodeParams& params, cudaStream_t stream) {
+  constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
+  constexpr int kMaxGridY = 65535;
+  const int columns = params.max_split_requests < kMaxGridY ? params.max_split_requests : kMaxGridY;
+  const dim3 grid((params.num_rows + kRowsPerCta - 1) / kRowsPerCta, columns > 1 ? columns : 1);
+  sm90::launch_dependent(decode_combine_kernel<kPieceGroups, kPiecesPerRound>, grid, dim3(kCombineThreads), 0,
+                         stream, params);
+}
+
 }  // namespace
 
 void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
@@ -211,24 +222,11 @@ void run_decode_combine(const DecodeParams& params, cudaStream_t stream) {
   int expected_pieces = params.batch > 0 && params.batch < params.num_parts ? params.num_parts / params.batch + 1 : 2;
   if (params.split_units > 0 && params.batch > 0 && params.num_slots / params.batch > expected_pieces)
     expected_pieces = params.num_slots / params.batch;
-  using Kernel = void (*)(DecodeParams);
-  Kernel kernel = decode_combine_kernel<1, 2>;
-  int rows_per_cta = kCombineWarps;
   // Enough groups that a row's pieces take one round; a CTA holds fewer rows the more groups.
-  if (expected_pieces > 20) {
-    kernel = decode_combine_kernel<8, 5>;
-    rows_per_cta = kCombineWarps / 8;
-  } else if (expected_pieces > 8) {
-    kernel = decode_combine_kernel<4, 5>;
-    rows_per_cta = kCombineWarps / 4;
-  } else if (expected_pieces > 2) {
-    kernel = decode_combine_kernel<2, 4>;
-    rows_per_cta = kCombineWarps / 2;
-  }
-  constexpr int kMaxGridY = 65535;
-  const int columns = params.max_split_requests < kMaxGridY ? params.max_split_requests : kMaxGridY;
-  const dim3 grid((params.num_rows + rows_per_cta - 1) / rows_per_cta, columns > 1 ? columns : 1);
-  sm90::launch_dependent(kernel, grid, dim3(kCombineThreads), 0, stream, params);
+  if (expected_pieces > 20) launch_combine<8, 5>(params, stream);
+  else if (expected_pieces > 8) launch_combine<4, 5>(params, stream);
+  else if (expected_pieces > 2) launch_combine<2, 4>(params, stream);
+  else launch_combine<1, 2>(params, stream);
 }
 
 }  // namespace speedmla::kernels::decode_sm90
