@@ -126,8 +126,9 @@ struct PrefixScratch {
 class MlaBackend {
  public:
   // Validates `config` (Error naming the field and the accepted values) and allocates the decode
-  // block table [max_batch, block_table_width]. Workspaces are allocated on first use (per
-  // stream) and by init_cuda_graph_state (for graphs).
+  // block table [max_batch, block_table_width], zero-filled before this returns (it waits for the
+  // legacy default stream, so that no later work on any stream can race the fill). Workspaces are
+  // allocated on first use (per stream) and by init_cuda_graph_state (for graphs).
   explicit MlaBackend(const MlaBackendConfig& config);
   ~MlaBackend();
   MlaBackend(const MlaBackend&) = delete;
@@ -183,7 +184,8 @@ class MlaBackend {
 
   // ---- CUDA graphs (decode and verify) ------------------------------------------------------
 
-  // Allocates the static block table [max_bs, block_table_width] (page 0 everywhere) and aliases
+  // Allocates the static block table [max_bs, block_table_width] (page 0 everywhere, filled
+  // before this returns, as the constructor's) and aliases
   // seq_lens_buf ([>= max_bs] int32, device; the engine writes it, the backend never does).
   // 1 <= max_bs <= config.max_graph_batch. Also allocates the graphs' workspace for max_bs
   // requests of decode_q_len() tokens.

@@ -29,7 +29,18 @@ DeviceBuffer::DeviceBuffer(Device device, size_t bytes, Fill fill, const char* c
     fail(caller, ": cannot allocate ", bytes, " bytes on ", device_name(device), ": ",
          cudaGetErrorString(status));
   }
-  if (fill == Fill::kZero) check_cuda(cudaMemset(data_, 0, bytes), caller, "cudaMemset");
+  if (fill == Fill::kZero) {
+    // cudaMemset returns before the fill is done, and it runs on the legacy default stream, which
+    // the caller's non-blocking streams do not wait for: a table built on such a stream right
+    // after this could be wiped by the fill landing late. So the fill is waited for here.
+    cudaError_t fill_status = cudaMemsetAsync(data_, 0, bytes, cudaStreamLegacy);
+    if (fill_status == cudaSuccess) fill_status = cudaStreamSynchronize(cudaStreamLegacy);
+    if (fill_status != cudaSuccess) {
+      cudaFree(data_);  // the destructor does not run when the constructor throws
+      data_ = nullptr;
+      check_cuda(fill_status, caller, "the zero fill of a new buffer");
+    }
+  }
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -1,15 +1,18 @@
 // MlaBackend on a CUDA device: the metadata kernels against the host rule, decode through the
 // backend against the same steps on the CPU device (the reference), a CUDA graph captured once
-// and replayed with three different batches, the workspace refusing to grow during capture, and
-// decode on two streams at once (each backend and stream has its own workspace).
+// and replayed with three different batches, the workspace refusing to grow during capture,
+// decode on two streams at once (each backend and stream has its own workspace), and a backend
+// made while the legacy stream is busy.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/captured_graph.h"
@@ -58,6 +61,38 @@ TEST(BackendGpu, BlockTablesFollowTheHostRule) {
   backend.init_forward_metadata_replay_cuda_graph(4, indices.view(), req_to_page.view(), 2);
   EXPECT_EQ(int_values(download(backend.decode_metadata()->block_table).view()),
             expected_block_table({1, 3, 0, 0}, 5, 4, width, 2));
+}
+
+// A backend zero-fills its block-table storage when it is made. That fill once ran on the
+// legacy default stream, which a non-blocking stream does not wait for: an engine that made a
+// backend and at once built metadata on its own stream could have the fill land afterwards and
+// wipe rows of the table (seen on the H200 under load: one request's row all page 0, its
+// output 0). Here the legacy stream is held busy by a host function while the backend is made
+// and its first table is built on a non-blocking stream; the table must hold once everything
+// has run.
+TEST(BackendGpu, ConstructionFillIsDoneBeforeWorkOnOtherStreams) {
+  SPEEDMLA_REQUIRE_GPU();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const DeviceTensor req_to_page(numbered_req_to_page(5, 4));
+  const DeviceTensor seq_lens(int_tensor(DType::kInt32, {3, 70, 1, 9}));
+  const std::vector<int64_t> pool{4, 0, 2, 1};
+  const DeviceTensor indices(int_tensor(DType::kInt64, pool));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
+  // Twice: the first time in a process, the driver's own set-up (of the host-function thread,
+  // of the allocation) can happen to order the fill first (seen on the H200); later it does not.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
+    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold, nullptr), cudaSuccess);
+    MlaBackend backend(small_config(current_gpu()));
+    backend.init_forward_metadata(4, 0, indices.view(), seq_lens.view(), ForwardMode::kDecode, req_to_page.view(),
+                                  std::nullopt, stream);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(int_values(download(backend.decode_metadata()->block_table).view()),
+              expected_block_table(pool, 5, 4, backend.block_table_width(), 4))
+        << "attempt " << attempt;
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(BackendGpu, ExtendSlotListsFollowThePageTable) {
