@@ -164,6 +164,33 @@ TEST_P(DecodeGpu, InvalidSeqLenGivesNaNNotACrash) {
   }
 }
 
+// A NaN in a key that rows see (a corrupted cache row, here in its rope part) makes those rows'
+// outputs and LSEs NaN, as the reference's softmax does, whether the request goes out from the
+// main kernel or through the combine; the other requests of the batch are unaffected. (An
+// all-NaN or partly-NaN score row must not pass for a row that saw no key: LSE -inf, out 0.)
+TEST_P(DecodeGpu, NaNKeyPoisonsItsRequestOnly) {
+  constexpr std::pair<int64_t, int64_t> kRows[] = {{1, 128}, kWideAndNarrowRows[0], kWideAndNarrowRows[1],
+                                                   kWideAndNarrowRows[2]};
+  for (const auto& [q_len, heads] : kRows) {
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE("q_len " + std::to_string(q_len) + " heads " + std::to_string(heads) +
+                   (split ? ", split request" : ", whole requests"));
+      // Whole requests: as SplitFreeLargeBatch. Split: two long requests on every SM.
+      DecodeProblemSpec s = spec_for(dtype(), split ? 2 : 1024, q_len, heads, 64, 1, 256, seed());
+      if (split) s.seq_lens = {50000, 60000};
+      else s.seq_lens[5] = 200;
+      DecodeProblem pb = make_decode_problem(s);
+      const int64_t request = split ? 1 : 5, token = split ? 3000 : 0;  // seen by every row of the request
+      const int64_t table_cols = pb.block_table.view().shape[1], page_size = pb.kv_cache.shape[1];
+      const int64_t page = pb.block_table.data<int32_t>()[request * table_cols + token / page_size];
+      const int64_t element = page * pb.kv_cache.strides[0] + (token % page_size) * kCacheRowDim + kLatentDim + 5;
+      set(pb.cache_storage, element, std::nan(""));
+      ASSERT_TRUE(std::isnan(get(pb.cache_storage, element)));
+      check_problem(pb);
+    }
+  }
+}
+
 // An output view walking tokens and heads backwards (negative strides, as a flipped torch view
 // has): rows whose offset from out's data pointer is negative must be written too. Short
 // requests go out from the main kernel, a long one through the combine.
