@@ -88,7 +88,9 @@ struct DecodeContextParallel {
 //   out          [B, q_len, H, 512] BF16 (written), last dim contiguous (GPU: 16-byte aligned
 //                                    rows).
 //   lse          optional [B, q_len, H] FP32 (written): natural-log log-sum-exp of the scaled
-//                                    scores, -inf for a row that sees no key.
+//                                    scores, -inf for a row that sees no key. A NaN score
+//                                    (NaN in the query or a key the row sees) makes the
+//                                    row's out and lse NaN, never a row that saw no key.
 //                                    out and lse must not address an element twice nor share a
 //                                    byte with any other argument.
 //   workspace    GPU: contiguous buffer of >= mla_decode_workspace_size(B, H, q_len, SMs) bytes

@@ -689,7 +689,8 @@ struct DecodeKernel {
       retire_wgmmas();
       j += num_blocks;
 
-      // Normalisers and LSE (natural log). Invalid seq_len: NaN rows.
+      // Normalisers and LSE (natural log). Invalid seq_len, or a NaN score (the max skips it,
+      // the sum does not): NaN rows, as the reference's.
       float inv[2], lse[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -698,7 +699,7 @@ struct DecodeKernel {
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         weights += __shfl_xor_sync(0xffffffffu, weights, 1);
         weights += __shfl_xor_sync(0xffffffffu, weights, 2);
-        if (piece.num_blocks < 0) {
+        if (piece.num_blocks < 0 || sum != sum) {
           inv[i] = lse[i] = NAN;
         } else if (sum > 0.f) {
           // A sum of probabilities scaled so that the row's maximum is near 2^kBias: far inside

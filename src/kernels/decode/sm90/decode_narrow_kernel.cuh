@@ -470,7 +470,7 @@ struct NarrowDecodeKernel {
       const float sum = exact[0] * scale0 + exact[1] * scale1;
       const float weight = weights[0] * scale0 + weights[1] * scale1;
       float inv, lse;
-      if (piece.num_blocks < 0) {
+      if (piece.num_blocks < 0 || sum != sum) {  // invalid seq_len, or a NaN score: NaN rows
         inv = lse = NAN;
       } else if (sum > 0.f) {
         inv = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
