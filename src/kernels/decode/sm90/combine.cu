@@ -26,6 +26,10 @@ namespace {
 // 3.8-6.6 -> 1.2-1.6, B = 4 s_k 80K H = 16 q_len 4 9.2 -> 6.9; B = 16 there 8.9 -> 10.0.)
 constexpr int kCombineWarps = 8;
 constexpr int kCombineThreads = 32 * kCombineWarps;
+// Query rows a CTA merges when each row's pieces are dealt over kPieceGroups warps: the kernel's
+// row index and the launch's grid both follow from it.
+template <int kPieceGroups>
+constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
 constexpr int kColumnsPerLane = kLatentDim / 32;  // 16: four float4 a piece
 constexpr int kChunksPerLane = kColumnsPerLane / 4;
 
@@ -125,7 +129,6 @@ __device__ __forceinline__ float output_norm(const DecodeParams& p, float max, f
 template <int kPieceGroups, int kPiecesPerRound>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeParams p) {
   static_assert(kCombineWarps % kPieceGroups == 0, "whole rows a CTA");
-  constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
   // The groups' results, for the cross-warp merge (kPieceGroups > 1 only); 16-byte aligned for
   // the float4 stores of acc.
   struct alignas(16) GroupResult {
@@ -137,7 +140,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group = warp % kPieceGroups;
-  const int row = blockIdx.x * kRowsPerCta + warp / kPieceGroups;
+  const int row = blockIdx.x * kRowsPerCta<kPieceGroups> + warp / kPieceGroups;
   const bool has_row = row < p.num_rows;
   const int num_split_requests = p.plan_header->num_split_requests;
   for (int index = blockIdx.y; index < num_split_requests; index += gridDim.y) {
@@ -201,13 +204,12 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   }
 }
 
-// The grid's rows per CTA follow from the kernel's own kPieceGroups.
 template <int kPieceGroups, int kPiecesPerRound>
 void launch_combine(const DecodeParams& params, cudaStream_t stream) {
-  constexpr int kRowsPerCta = kCombineWarps / kPieceGroups;
+  constexpr int kRows = kRowsPerCta<kPieceGroups>;
   constexpr int kMaxGridY = 65535;
   const int columns = params.max_split_requests < kMaxGridY ? params.max_split_requests : kMaxGridY;
-  const dim3 grid((params.num_rows + kRowsPerCta - 1) / kRowsPerCta, columns > 1 ? columns : 1);
+  const dim3 grid((params.num_rows + kRows - 1) / kRows, columns > 1 ? columns : 1);
   sm90::launch_dependent(decode_combine_kernel<kPieceGroups, kPiecesPerRound>, grid, dim3(kCombineThreads), 0,
                          stream, params);
 }
