@@ -38,7 +38,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale: float,
         softmax_scale: multiplies q·k (fold every q/k dequantisation scale in).
         output_scale: multiplies the output (a V dequantisation scale).
         out: optional [B, q_len, H, 512] BF16.
-        lse: optional [B, q_len, H] FP32 natural-log LSE (-inf for a row that sees no key).
+        lse: optional [B, q_len, H] FP32 natural-log LSE (-inf for a row that sees no key;
+            NaN, with a NaN output row, for a row with a NaN score).
         return_lse: allocate lse when it is None and return (out, lse).
         workspace: optional uint8 [>= mla_decode_workspace_size(B, H, q_len, SMs)] on the GPU;
             allocated through PyTorch when None. Unused on the CPU.
