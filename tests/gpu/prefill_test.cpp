@@ -120,6 +120,57 @@ TEST_P(PrefillGpu, SharpSoftmax) {
   }
 }
 
+// A NaN in one query row (one element of one head of one token) makes that row's out and LSE NaN
+// when the row sees keys, as the reference's softmax does, and leaves it 0 and -inf when it sees
+// none; every other row comes out as without the NaN. (fmaxf drops NaN, so the running max of an
+// all-NaN score row stays -inf: such a row must not pass for one that saw no key, whose out 0 and
+// LSE -inf a chunked merge would silently drop.)
+TEST_P(PrefillGpu, NaNQueryPoisonsItsRowOnly) {
+  struct NanRow {
+    int64_t request, row, head;
+  };
+  for (bool causal : {true, false})
+    for (int64_t heads : {16, 128}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "non-causal") + " heads " + std::to_string(heads));
+      const PrefillProblemSpec spec = make_spec("nan-query", dtype(), heads, 1, causal, edge_requests(heads));
+      PrefillProblem pb = make_prefill_problem(spec);
+      const PrefillResult ref = prefill_reference(pb);  // of the data without the NaNs
+      // Request 6 is {150, 70}: causal, its rows below 80 see no key. Request 13 is {129, 129}:
+      // its last row starts a tile of its own; request 3 is {1, 1}.
+      const NanRow nan_rows[] = {{6, 10, 0}, {6, 149, heads - 1}, {13, 128, heads / 2}, {3, 0, 1}, {8, 62, 0}};
+      const int64_t q_offset =
+          (static_cast<const uint8_t*>(pb.q.data) - pb.q_storage.data<uint8_t>()) / static_cast<int64_t>(dtype_size(dtype()));
+      for (const NanRow& n : nan_rows) {
+        const int64_t element = q_offset + (pb.q_begin[n.request] + n.row) * pb.q.strides[0] + n.head * pb.q.strides[1] + 7;
+        set(pb.q_storage, element, std::nan(""));
+        ASSERT_TRUE(std::isnan(get(pb.q_storage, element)));
+      }
+      DevicePrefill dev(pb);
+      dev.run(spec);
+      PrefillResult gpu = dev.download();
+      for (const NanRow& n : nan_rows) {
+        const int64_t r = (pb.q_begin[n.request] + n.row) * heads + n.head;  // (token, head) row of out and lse
+        const bool sees_keys = get(ref.lse, r) != -INFINITY;
+        SCOPED_TRACE("request " + std::to_string(n.request) + " row " + std::to_string(n.row) + " head " +
+                     std::to_string(n.head) + (sees_keys ? " (sees keys)" : " (sees no key)"));
+        if (sees_keys) {
+          EXPECT_TRUE(std::isnan(get(gpu.lse, r))) << get(gpu.lse, r);
+          for (int64_t d = 0; d < kPrefillVDim; ++d)
+            EXPECT_TRUE(std::isnan(get(gpu.out, r * kPrefillVDim + d))) << "dim " << d << ": " << get(gpu.out, r * kPrefillVDim + d);
+        } else {
+          EXPECT_EQ(get(gpu.lse, r), -INFINITY);
+          for (int64_t d = 0; d < kPrefillVDim; ++d) EXPECT_EQ(get(gpu.out, r * kPrefillVDim + d), 0.0) << "dim " << d;
+        }
+        // The rest of the problem is checked against the reference with this row taken from it.
+        set(gpu.lse, r, get(ref.lse, r));
+        for (int64_t d = 0; d < kPrefillVDim; ++d) set(gpu.out, r * kPrefillVDim + d, get(ref.out, r * kPrefillVDim + d));
+      }
+      const PrefillErrors errors = compare_prefill(pb, gpu, ref);
+      report(pb, errors.worst_out, errors.worst_lse);
+      expect_within(pb, errors, bounds(spec.dtype));
+    }
+}
+
 // One request of more than 32K tokens, and a short one before it. The reference checks a sample
 // of its rows (first and last, tile boundaries ±1, random ones), each as a one-row request over
 // the keys it sees; every other element must be finite (written, and no NaN from the poison).
