@@ -56,7 +56,9 @@ inline std::vector<int64_t> prefill_value_shape(int64_t tokens, int64_t heads, P
 //   cu_seqlens_k  [B+1] int32: likewise for k and v rows. Requests with 0 queries or 0 keys
 //                 are legal.
 //   out           [total_q, H, 128] BF16 (written; rows past cu_seqlens_q[B] untouched).
-//   lse           optional [total_q, H] FP32 (written): natural log; -inf for a row with no key.
+//   lse           optional [total_q, H] FP32 (written): natural log; -inf (out 0) for a row with
+//                 no key; NaN (out NaN) for a row with a NaN score (NaN in its query or in a key
+//                 it sees), never a row with no key.
 //   causal        bottom-right aligned: query i of a request with len_q queries and len_k keys
 //                 sees key j iff j <= i + (len_k - len_q). Non-causal sees all len_k keys.
 //   softmax_scale multiplies q·k; output_scale multiplies the output. Both must be finite.

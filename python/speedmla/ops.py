@@ -93,7 +93,9 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool, softmax_sc
             sees key j iff j <= i + (len_k - len_q). Non-causal sees all keys.
         softmax_scale: multiplies q·k; output_scale multiplies the output.
         out: optional [total_q, H, 128] BF16 (rows past cu_seqlens_q[B] untouched).
-        lse: optional [total_q, H] FP32; return_lse allocates it and returns (out, lse).
+        lse: optional [total_q, H] FP32 natural-log LSE (-inf, out 0, for a row that sees no
+            key; NaN, with a NaN output row, for a row with a NaN score); return_lse allocates
+            it and returns (out, lse).
 
     Returns:
         out, or (out, lse) when return_lse.

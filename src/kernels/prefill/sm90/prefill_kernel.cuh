@@ -705,11 +705,11 @@ struct PrefillKernel {
   }
 
   // Normalises and writes this thread's two rows of the tile (those inside the request): BF16
-  // out (x output_scale) and the LSE. Rows that saw no key get 0 and -inf. The warp's 16 rows go
-  // out through its staging buffer, half of the value dims at a time: stmatrix puts the
-  // fragments in row order (16-byte chunks XOR-swizzled by row: neither side has bank
-  // conflicts), then each lane stores 16-byte pieces, four whole 128-byte row segments a warp
-  // instruction.
+  // out (x output_scale) and the LSE. Rows that saw no key get 0 and -inf; rows with a NaN score
+  // get NaN. The warp's 16 rows go out through its staging buffer, half of the value dims at a
+  // time: stmatrix puts the fragments in row order (16-byte chunks XOR-swizzled by row: neither
+  // side has bank conflicts), then each lane stores 16-byte pieces, four whole 128-byte row
+  // segments a warp instruction.
   static __device__ void store_tile(const PrefillParams& p, SharedStorage& s, int me, const TileInfo& t,
                                     const int (&row)[2],
                                     const typename attention::OnlineSoftmax<Traits::kSoftmax>& softmax,
@@ -720,7 +720,7 @@ struct PrefillKernel {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = attention::quad_sum(softmax.row_sum[i]);
-      seen[i] = softmax.saw_key(i);
+      seen[i] = softmax.has_output(i, sum);  // a NaN sum gives NaN rows
       scale[i] = seen[i] ? p.output_scale / sum : 0.f;
       if (p.lse != nullptr && lane % 4 == 0 && row[i] < t.len_q)
         p.lse[(t.q_begin + row[i]) * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =

@@ -65,10 +65,19 @@ struct OnlineSoftmax {
   // 2^(bias - slack).
   __device__ __forceinline__ bool saw_key(int i) const { return row_max[i] != -INFINITY; }
 
-  // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key.
+  // Whether row i has an output, from its quad-wide sum: it saw a key, or a NaN score made its
+  // sum NaN. fmaxf drops NaN, so a row whose scores are all NaN (a NaN query) keeps max -inf;
+  // it must come out NaN, not as a row that saw no key (out 0, LSE -inf: a merge drops it).
+  __device__ __forceinline__ bool has_output(int i, float quad_row_sum) const {
+    return saw_key(i) || quad_row_sum != quad_row_sum;
+  }
+
+  // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key, NaN
+  // for a NaN sum.
   __device__ __forceinline__ float lse(int i, float quad_row_sum) const {
-    return saw_key(i) ? (row_max[i] - kConfig.bias_log2 + __log2f(quad_row_sum)) * 0.69314718055994530942f
-                      : -INFINITY;
+    return has_output(i, quad_row_sum)
+               ? (row_max[i] - kConfig.bias_log2 + __log2f(quad_row_sum)) * 0.69314718055994530942f
+               : -INFINITY;
   }
 };
 
