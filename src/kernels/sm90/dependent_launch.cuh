@@ -18,6 +18,23 @@ __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepco
 // grid_dependency_wait() for this grid's completion.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
 
+// Counters in global memory through which two grids of one operation that run at once (a
+// dependent launched early) hand over work, at GPU scope: the writer adds with release
+// semantics after its stores, the reader loads with acquire semantics before its loads.
+__device__ __forceinline__ void add_release(int* counter, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* counter) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
+  return value;
+}
+__device__ __forceinline__ int fetch_add_acq_rel(int* counter, int value) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+  return old;
+}
+
 // Launches `kernel(args...)` as a programmatic dependent of the previous kernel on `stream`.
 // The kernel must call grid_dependency_wait() before touching memory that earlier work uses.
 template <typename... KernelArgs, typename... Args>

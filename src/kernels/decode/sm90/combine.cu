@@ -2,6 +2,7 @@
 
 #include "kernels/decode/sm90/combine.h"
 #include "kernels/decode/sm90/config.h"
+#include "kernels/decode/sm90/slot_handover.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 
 namespace speedmla::kernels::decode_sm90 {
@@ -9,7 +10,9 @@ namespace {
 
 // Work: the plan's compact list of split requests (PlanHeader::num_split_requests entries of
 // DecodeParams::split_requests). Grid: (row groups, list entries), at most max_split_requests
-// columns; a CTA whose entry lies past the list's end returns at once.
+// columns; a CTA whose entry lies past the list's end has nothing to do. It runs beside the
+// main kernel's tail: each piece is merged once the main kernel has counted it written
+// (slot_handover.cuh).
 //
 // A warp combines one query row's 512 columns (lane l owns columns 4l + 128c, c = 0..3: each
 // load instruction of the warp reads 512 contiguous bytes) over some of the row's pieces: the
@@ -73,7 +76,8 @@ struct RowMerge {
   }
 };
 
-// Merges the row's pieces group, group + kPieceGroups, ... (of num_splits) into `merge`.
+// Merges the row's pieces group, group + kPieceGroups, ... (of num_splits) into `merge`, each
+// round's once the main kernel has written them (slot_handover.cuh).
 template <int kPieceGroups, int kPiecesPerRound>
 __device__ __forceinline__ void merge_pieces(const DecodeParams& p, const SplitRequest& split, int row, int group,
                                              int lane, RowMerge& merge) {
@@ -82,6 +86,10 @@ __device__ __forceinline__ void merge_pieces(const DecodeParams& p, const SplitR
       p.partial_out + (static_cast<int64_t>(split.slot) * p.num_rows + row) * kLatentDim) + lane;
   const int64_t piece_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
   for (int first = group; first < split.num_splits; first += kPieceGroups * kPiecesPerRound) {
+#pragma unroll
+    for (int k = 0; k < kPiecesPerRound; ++k)
+      if (const int piece = first + k * kPieceGroups; piece < split.num_splits)
+        wait_slot_written(p, split.slot + piece);
     float piece_lse[kPiecesPerRound];
     float4 x[kPiecesPerRound][kChunksPerLane];
 #pragma unroll
@@ -137,7 +145,8 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   };
   __shared__ GroupResult results[kPieceGroups > 1 ? kCombineWarps : 1];
 
-  sm90::grid_dependency_wait();  // a dependent of the main kernel: its partials are complete
+  // No grid_dependency_wait here: pieces are merged as the main kernel completes them
+  // (slot_handover.cuh says why that is safe).
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group = warp % kPieceGroups;
   const int row = blockIdx.x * kRowsPerCta<kPieceGroups> + warp / kPieceGroups;
@@ -148,14 +157,15 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
     RowMerge merge;
     if (has_row) merge_pieces<kPieceGroups, kPiecesPerRound>(p, split, row, group, lane, merge);
     if constexpr (kPieceGroups == 1) {
-      if (!has_row) continue;
-      const float norm = output_norm(p, merge.max, merge.sum);
+      if (has_row) {
+        const float norm = output_norm(p, merge.max, merge.sum);
 #pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        const float values[4] = {merge.acc[4 * c], merge.acc[4 * c + 1], merge.acc[4 * c + 2], merge.acc[4 * c + 3]};
-        store_columns(p, split.request, row, 128 * c + 4 * lane, values, norm);
+        for (int c = 0; c < kChunksPerLane; ++c) {
+          const float values[4] = {merge.acc[4 * c], merge.acc[4 * c + 1], merge.acc[4 * c + 2], merge.acc[4 * c + 3]};
+          store_columns(p, split.request, row, 128 * c + 4 * lane, values, norm);
+        }
+        if (lane == 0) store_lse(p, split.request, row, merge.max, merge.sum);
       }
-      if (lane == 0) store_lse(p, split.request, row, merge.max, merge.sum);
     } else {
       GroupResult& mine = results[warp];
 #pragma unroll
@@ -199,9 +209,12 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
         }
         if (group == 0 && lane == 0) store_lse(p, split.request, row, max, sum);
       }
-      __syncthreads();  // results is rewritten for the next entry
     }
+    finish_split_request(p, split, index);  // its barrier: `results` is rewritten for the next entry
   }
+  // Work after this operation that waits for it waits for this grid: it completes after the
+  // main kernel (slot_handover.cuh).
+  sm90::grid_dependency_wait();
 }
 
 template <int kPieceGroups, int kPiecesPerRound>

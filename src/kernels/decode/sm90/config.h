@@ -42,6 +42,9 @@ inline constexpr int kHalfValueDim = 256;   // each consumer warpgroup owns half
 // columns 256c..256c+255 (decode_kernel.cuh says who scores which block).
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = 3 * kWarpgroupThreads;
+// The consumer warps of either main kernel: each counts itself into a partial-result slot's
+// writers once it has written its rows there (params.h, slot_writers).
+inline constexpr int kSlotWriterWarps = 2 * kWarpgroupThreads / 32;
 
 // Upper bound on split-KV parts per row tile (one CTA per SM; GPUs have far fewer SMs): it
 // bounds the workspace whatever num_sms a caller passes.

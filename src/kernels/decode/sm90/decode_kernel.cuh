@@ -40,6 +40,7 @@
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
+#include "kernels/decode/sm90/slot_handover.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/attention/fp8_transpose.cuh"
 #include "kernels/sm90/attention/probabilities.cuh"
@@ -725,6 +726,7 @@ struct DecodeKernel {
           }
         }
       }
+      if (piece.slot >= 0) count_slot_writer(p, piece.slot);  // the combine may merge it
     }
   }
 };
@@ -740,7 +742,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Launched as a dependent of the schedule kernel: the set-up above overlapped it; the plan
   // (and, through it, the stream's earlier work) is complete past this point.
   sm90::grid_dependency_wait();
-  // The combine kernel may be launched now: it waits for this grid's completion itself.
+  // The combine kernel may be launched now: it merges each split piece once this grid has
+  // counted it written (slot_handover.cuh).
   sm90::allow_dependent_launch();
 
   const int row_tile = blockIdx.x, part = blockIdx.y;

@@ -46,6 +46,7 @@
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
+#include "kernels/decode/sm90/slot_handover.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
@@ -546,6 +547,7 @@ struct NarrowDecodeKernel {
       }
       sm90::mbarrier_arrive(&s.copied);
     }
+    if (piece.slot >= 0) count_slot_writer(p, piece.slot);  // the combine may merge it
   }
 };
 

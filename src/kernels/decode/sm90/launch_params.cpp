@@ -47,6 +47,8 @@ DecodeParams make_decode_params(const DecodeLaunch& launch) {
   p.num_slots = launch.layout.num_slots;
   p.split_requests = reinterpret_cast<SplitRequest*>(base + launch.layout.split_requests_offset);
   p.max_split_requests = launch.layout.max_split_requests;
+  p.slot_writers = reinterpret_cast<int*>(base + launch.layout.slot_writers_offset);
+  p.combine_finished = reinterpret_cast<int*>(base + launch.layout.combine_finished_offset);
   p.slot_cost_blocks = split_slot_cost(p.num_rows, launch.fp8 ? 1 : 2, launch.layout.num_parts);
   p.split_units = launch.split_units;
   p.score_scale_log2 = launch.softmax_scale * 1.4426950408889634f;  // log2(e)

@@ -100,6 +100,14 @@ struct DecodeParams {
   int num_slots;
   SplitRequest* split_requests;  // [max_split_requests], the first PlanHeader::num_split_requests valid
   int max_split_requests;
+  // Completion counters, zero between operations (the schedule kernel zeroes them, the combine
+  // leaves them zero). slot_writers[slot]: the main kernel's consumer warps, over all row tiles,
+  // that have written their rows of that slot (kSlotWriterWarps * num_row_tiles when complete):
+  // the combine merges a piece as soon as it is complete, while the main kernel still runs.
+  // combine_finished[index]: the combine CTAs done with split request `index`; the last one
+  // zeroes both for that request.
+  int* slot_writers;           // [num_slots]
+  int* combine_finished;       // [max_split_requests]
 
   // ---- scalars
   // What one partial-result slot costs, in units of the time a part spends on one KV block:

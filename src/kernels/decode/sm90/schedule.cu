@@ -107,6 +107,10 @@ __device__ __forceinline__ int planned_units(const DecodeParams& p, int num_bloc
 // it rewrites), it lets the main kernel launch at once: that kernel's set-up overlaps this one.
 __global__ void __launch_bounds__(kScheduleThreads) decode_schedule_kernel(DecodeParams p) {
   sm90::allow_dependent_launch();
+  // The main and combine kernels' completion counters start at zero (slot_handover.cuh; the
+  // combine leaves them zero too, for operations that reuse this plan).
+  for (int i = threadIdx.x; i < p.num_slots; i += kScheduleThreads) p.slot_writers[i] = 0;
+  for (int i = threadIdx.x; i < p.max_split_requests; i += kScheduleThreads) p.combine_finished[i] = 0;
   const int per_thread = (p.batch + kScheduleThreads - 1) / kScheduleThreads;
   const int begin = min(p.batch, static_cast<int>(threadIdx.x) * per_thread);
   const int end = min(p.batch, begin + per_thread);

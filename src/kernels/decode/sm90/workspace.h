@@ -16,6 +16,7 @@ struct WorkspaceLayout {
   int num_slots = 0;
   int max_split_requests = 0;  // a split request takes at least two slots, and is one of the batch
   size_t header_offset = 0, plans_offset = 0, part_first_offset = 0, split_requests_offset = 0;
+  size_t slot_writers_offset = 0, combine_finished_offset = 0;
   size_t partial_lse_offset = 0, partial_out_offset = 0, total_bytes = 0;
 };
 
@@ -56,6 +57,10 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t num_heads, int64_
   offset = align_up(offset + sizeof(int) * static_cast<size_t>(w.num_parts), 256);
   w.split_requests_offset = offset;
   offset = align_up(offset + sizeof(SplitRequest) * static_cast<size_t>(w.max_split_requests), 256);
+  w.slot_writers_offset = offset;
+  offset = align_up(offset + sizeof(int) * static_cast<size_t>(w.num_slots), 256);
+  w.combine_finished_offset = offset;
+  offset = align_up(offset + sizeof(int) * static_cast<size_t>(w.max_split_requests), 256);
   w.partial_lse_offset = offset;
   offset = align_up(offset + sizeof(float) * static_cast<size_t>(w.num_slots) * rows, 256);
   w.partial_out_offset = offset;
