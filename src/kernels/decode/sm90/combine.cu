@@ -86,10 +86,8 @@ __device__ __forceinline__ void merge_pieces(const DecodeParams& p, const SplitR
       p.partial_out + (static_cast<int64_t>(split.slot) * p.num_rows + row) * kLatentDim) + lane;
   const int64_t piece_stride = static_cast<int64_t>(p.num_rows) * kLatentDim / 4;  // in float4
   for (int first = group; first < split.num_splits; first += kPieceGroups * kPiecesPerRound) {
-#pragma unroll
-    for (int k = 0; k < kPiecesPerRound; ++k)
-      if (const int piece = first + k * kPieceGroups; piece < split.num_splits)
-        wait_slot_written(p, split.slot + piece);
+    const int round_pieces = (split.num_splits - first + kPieceGroups - 1) / kPieceGroups;
+    wait_slots_written(p, split.slot + first, kPieceGroups, min(round_pieces, kPiecesPerRound));
     float piece_lse[kPiecesPerRound];
     float4 x[kPiecesPerRound][kChunksPerLane];
 #pragma unroll

@@ -35,10 +35,17 @@ __device__ __forceinline__ void count_slot_writer(const DecodeParams& p, int slo
 }
 
 // Combine kernel, a whole warp: returns once every consumer warp of every row tile of the main
-// kernel has written the slot (and their stores are visible to this warp).
-__device__ __forceinline__ void wait_slot_written(const DecodeParams& p, int slot) {
+// kernel has written slots first, first + stride, ... (`count` of them, at most 32), and their
+// stores are visible to the warp. Lane i polls slot first + i * stride, so that a round of
+// pieces waits one memory round trip, not one per piece (polled one after another, the acquire
+// loads made a B = 1 request of 66 pieces 3 us slower); the warp barrier passes each lane's
+// acquire on to the whole warp.
+__device__ __forceinline__ void wait_slots_written(const DecodeParams& p, int first, int stride, int count) {
+  const int lane = threadIdx.x % 32;
   const int writers = kSlotWriterWarps * p.num_row_tiles;
-  while (sm90::load_acquire(p.slot_writers + slot) < writers) __nanosleep(64);
+  const int* counter = p.slot_writers + first + lane * stride;
+  while (!__all_sync(0xffffffffu, lane >= count || sm90::load_acquire(counter) >= writers)) __nanosleep(64);
+  __syncwarp();
 }
 
 // Combine kernel, every thread of the CTA, once it is done with split request `index` (every
