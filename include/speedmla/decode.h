@@ -124,12 +124,13 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 //
 // On the GPU, mla_decode makes three launches: a planner that reads seq_lens on the device and
 // writes the split-KV plan (which KV blocks of which request each CTA processes) into the
-// workspace, the attention kernel, and a combine of split requests' partial results. The plan
-// depends only on seq_lens, the batch, H, q_len, the block table's width, the page size, the
-// dtype and the GPU, so it is the same for every layer of a model's decode step. An engine can
-// make it once per step with mla_decode_plan and run each layer with mla_decode_with_plan: the
-// planner then runs once per step instead of once per layer (a launch costs 1-3 us of host
-// time, and the planner a few us on the GPU).
+// workspace, the attention kernel, and a combine of split requests' partial results (which
+// merges each piece as soon as the attention kernel has written it, during that kernel's tail).
+// The plan depends only on seq_lens, the batch, H, q_len, the block table's width, the page
+// size, the dtype and the GPU, so it is the same for every layer of a model's decode step. An
+// engine can make it once per step with mla_decode_plan and run each layer with
+// mla_decode_with_plan: the planner then runs once per step instead of once per layer (a launch
+// costs 1-3 us of host time, and the planner a few us on the GPU).
 //
 // The same plan call chooses the split policy:
 //   balanced (invariant_split_tokens = 0, what mla_decode does): the planner spreads the whole
@@ -153,7 +154,7 @@ inline constexpr int64_t kDefaultInvariantSplitTokens = 4096;
 // Bytes of workspace for a plan of either policy: mla_decode_workspace_size(batch, num_heads,
 // q_len, num_sms) when invariant_split_tokens is 0, else also room for the batch-invariant
 // plan's partial results: batch * ceil(max_kv_tokens / invariant_split_tokens) pieces of
-// num_heads * q_len * 2052 bytes, where max_kv_tokens = block_table.shape[1] * page_size (the
+// num_heads * q_len * 2052 + 4 bytes, where max_kv_tokens = block_table.shape[1] * page_size (the
 // most a request can hold). A workspace of this size also serves mla_decode. Throws Error unless
 // the arguments of the four-argument form hold, max_kv_tokens >= 1 and invariant_split_tokens
 // is 0 or a positive multiple of 64.
