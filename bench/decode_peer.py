@@ -127,11 +127,13 @@ def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
     return times, sampler.summary()
 
 
-# Kernel names in the trace: each implementation's attention kernel (every part of the name
-# matches) and its combine, and speedmla's planner.
-KERNELS = {"speedmla bf16 p64": (("decode_kernel<", "Bf16Traits"), "decode_combine_kernel"),
-           "speedmla fp8 p64": (("decode_kernel<", "Fp8Traits"), "decode_combine_kernel"),
-           "flashmla": (("flash_fwd_splitkv_mla_kernel",), "flash_fwd_mla_combine_kernel")}
+# Kernel names in the trace: each implementation's attention kernels (a name is one of them when
+# every part of one of the alternatives is in it; FP8 requests of at most 32 query rows run on
+# the narrow kernel) and its combine, and speedmla's planner.
+KERNELS = {"speedmla bf16 p64": ((("decode_kernel<", "Bf16Traits"),), "decode_combine_kernel"),
+           "speedmla fp8 p64": ((("decode_kernel<", "Fp8Traits"), ("decode_narrow_kernel<",)),
+                                "decode_combine_kernel"),
+           "flashmla": ((("flash_fwd_splitkv_mla_kernel",),), "flash_fwd_mla_combine_kernel")}
 PLANNER = "decode_schedule_kernel"
 
 
@@ -159,7 +161,8 @@ def combine_tails(kernels):
     run one at a time)."""
     tails, current = {impl: [] for impl in KERNELS}, None
     for name, start, end in kernels:
-        main = next((impl for impl, (parts, _) in KERNELS.items() if all(part in name for part in parts)), None)
+        main = next((impl for impl, (alternatives, _) in KERNELS.items()
+                     if any(all(part in name for part in parts) for parts in alternatives)), None)
         if main is not None:
             current = (main, start, end)
         elif current is not None and KERNELS[current[0]][1] in name:
