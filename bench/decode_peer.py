@@ -2,7 +2,9 @@
 r"""speedmla decode beside FlashMLA, in one process, on the same inputs (issue 13, item 1).
 
 Every cell of performance.md's decode grid (B = 128; s_k 4K, 8K, 16K, 32K; H 16, 32, 64, 128;
-q_len 1 and 2) and the seed's long-context shape (q_len 4, s_k 81920; B 4 and 16; H 16 and 32).
+q_len 1 and 2), the seed's long-context shape (q_len 4, s_k 81920; B 4 and 16; H 16 and 32) and
+few long requests at H 128 (B 1 at s_k 131072 q_len 1, B 2 at 65536 q_len 2: every piece of a
+split request ends at about the same time, so the combine has nothing to overlap).
 The cache holds normal values (std 1) in pages of 64 drawn at random from one pool of ~4.8 GB
 (far larger than the L2), the queries too; the calls are interleaved, each after a 256 MB write
 that flushes the L2, timed with CUDA events, median of --iters:
@@ -53,6 +55,7 @@ FP8 = torch.float8_e4m3fn
 SCALE = 192 ** -0.5  # DeepSeek's softmax scale (qk_nope 128 + rope 64)
 GRID = [(128, s_k, h, q_len) for s_k in (4096, 8192, 16384, 32768) for h in (16, 32, 64, 128) for q_len in (1, 2)]
 SEED_SHAPE = [(b, 81920, h, 4) for b in (4, 16) for h in (16, 32)]  # (B, s_k, H, q_len)
+FEW_LONG = [(1, 131072, 128, 1), (2, 65536, 128, 2)]
 
 
 def decode_flops(batch, s_k, heads, q_len):
@@ -224,7 +227,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rest-ms", type=int, default=0, help="idle ms before each cell (0: back to back)")
-    parser.add_argument("--quick", action="store_true", help="s_k 8K and the seed's shape only")
+    parser.add_argument("--quick", action="store_true",
+                        help="s_k 8K, the seed's shape and the few long requests only")
     parser.add_argument("--fixed-costs", action="store_true",
                         help="trace the kernels instead: the combine's and the planner's share of a call")
     args = parser.parse_args()
@@ -233,7 +237,7 @@ def main():
     pool = Pool(128 * 32768, generator)
     timer = Timer()
     check(pool, generator)
-    cells = [c for c in GRID if not args.quick or c[1] == 8192] + SEED_SHAPE
+    cells = [c for c in GRID if not args.quick or c[1] == 8192] + SEED_SHAPE + FEW_LONG
     mode = f"rested {args.rest_ms} ms before each cell" if args.rest_ms else "back to back"
     if args.fixed_costs:
         print(f"\nfixed costs, {mode}; µs, median of {args.iters} traced calls (speedmla on its reused plan): "
