@@ -6,7 +6,7 @@
 // SMs (the main kernel's CTAs take whole SMs). Waiting for the whole main grid there left the
 // combine's loads, merges and stores after the last main CTA's end (B = 4, s_k 80K, H = 16,
 // q4: 6-7 % of the call). Instead each consumer warp of the main kernel counts itself into its
-// slot's row tile once its rows are written, and the combine merges each piece as soon as its
+// slot's counter once its rows are written, and the combine merges each piece as soon as its
 // count is complete: pieces finished early are merged during the main kernel's tail. (H200,
 // 2026-12-04, µs a call runs past the main kernel's end, before -> now: B = 4 s_k 80K H = 16 q4
 // BF16 7.2 -> 3.1, FP8 5.7 -> 3.2; H = 32 6.3 -> 3.2, 5.5 -> 3.3; B = 16 H = 16 10.0 -> 6.4,

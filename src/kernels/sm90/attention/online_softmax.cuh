@@ -61,15 +61,12 @@ struct OnlineSoftmax {
       row_sum[i] = fmaf(row_sum[i], factor[i], row_tree_reduce(scores, i, [](float a, float b) { return a + b; }));
   }
 
-  // Whether row i has seen a key: its max is finite. A row that saw a key sums to at least
-  // 2^(bias - slack).
-  __device__ __forceinline__ bool saw_key(int i) const { return row_max[i] != -INFINITY; }
-
-  // Whether row i has an output, from its quad-wide sum: it saw a key, or a NaN score made its
-  // sum NaN. fmaxf drops NaN, so a row whose scores are all NaN (a NaN query) keeps max -inf;
-  // it must come out NaN, not as a row that saw no key (out 0, LSE -inf: a merge drops it).
+  // Whether row i has an output, from its quad-wide sum: it saw a key (its max is finite; its
+  // sum is then at least 2^(bias - slack)), or a NaN score made its sum NaN. fmaxf drops NaN,
+  // so a row whose scores are all NaN (a NaN query) keeps max -inf; it must come out NaN, not as
+  // a row that saw no key (out 0, LSE -inf: a merge drops it).
   __device__ __forceinline__ bool has_output(int i, float quad_row_sum) const {
-    return saw_key(i) || quad_row_sum != quad_row_sum;
+    return row_max[i] != -INFINITY || quad_row_sum != quad_row_sum;
   }
 
   // The LSE (natural log) of row i from the quad-wide sum; -inf for a row that saw no key, NaN
