@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/captured_graph.h"
@@ -15,6 +16,7 @@
 #include "common/dtype_gpu_test.h"
 #include "common/op_testing.h"
 #include "common/util.h"
+#include "kernels/decode/sm90/workspace.h"
 
 namespace speedmla::test {
 namespace {
@@ -50,6 +52,45 @@ void run_on_plan(const DecodePlan& plan, const DeviceProblem& dev, const DecodeP
 }
 
 class DecodePlanGpu : public DtypeGpuTest {};
+
+// The split requests' completion counters (kernels/decode/sm90/slot_handover.cuh) are zero after
+// every operation, run directly or on a reused plan, whatever the workspace held before: the
+// next layer on the plan starts from them, and a counter left complete would let its combine
+// read partial results before the main kernel rewrites them.
+TEST_P(DecodePlanGpu, SplitCountersAreZeroAfterEachOperation) {
+  const DecodeProblemSpec s = spec_with(dtype(), 4, 16, 4, {50000, 60000, 70000, 80000}, seed());
+  const DecodeProblem pb = make_decode_problem(s);
+  const DecodeResult ref = run_reference(pb);
+  DeviceProblem dev(pb);
+  const kernels::decode_sm90::WorkspaceLayout layout =
+      kernels::decode_sm90::workspace_layout(s.batch, s.heads, s.q_len, device_sm_count(0));
+  ASSERT_GT(layout.num_slots, 0);
+  auto expect_counters_zero = [&](const std::string& after) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const HostTensor bytes = dev.workspace.to_host();
+    int32_t value = 0;
+    for (int i = 0; i < layout.num_slots; ++i) {
+      std::memcpy(&value, bytes.data<uint8_t>() + layout.slot_writers_offset + 4 * i, 4);
+      EXPECT_EQ(value, 0) << "after " << after << ": writers of slot " << i;
+    }
+    for (int i = 0; i < layout.max_split_requests; ++i) {
+      std::memcpy(&value, bytes.data<uint8_t>() + layout.combine_finished_offset + 4 * i, 4);
+      EXPECT_EQ(value, 0) << "after " << after << ": CTAs finished with split request " << i;
+    }
+  };
+  dev.workspace.fill_bytes(0x01);  // every counter far past complete
+  dev.run(s);
+  expect_matches(dev.download(), ref, s);
+  expect_counters_zero("mla_decode");
+  const DecodePlan plan = plan_on(dev, s, dev.workspace.view(), 0);
+  for (int layer = 0; layer < 3; ++layer) {
+    dev.out.fill_bytes(0xFF);
+    dev.lse.fill_bytes(0xFF);
+    run_on_plan(plan, dev, s);
+    expect_counters_zero("layer " + std::to_string(layer) + " on a reused plan");
+    expect_matches(dev.download(), ref, s);
+  }
+}
 
 // Layers of one step: the same seq_lens (one device tensor), each layer its own query, cache
 // and page table of the same shapes. One plan, then every layer on it.
