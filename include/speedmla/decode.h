@@ -154,7 +154,8 @@ inline constexpr int64_t kDefaultInvariantSplitTokens = 4096;
 // Bytes of workspace for a plan of either policy: mla_decode_workspace_size(batch, num_heads,
 // q_len, num_sms) when invariant_split_tokens is 0, else also room for the batch-invariant
 // plan's partial results: batch * ceil(max_kv_tokens / invariant_split_tokens) pieces of
-// num_heads * q_len * 2052 + 4 bytes, where max_kv_tokens = block_table.shape[1] * page_size (the
+// (num_heads * q_len * 2052 + 4) bytes (each row's 512 FP32 outputs and LSE, and the piece's
+// completion counter), where max_kv_tokens = block_table.shape[1] * page_size (the
 // most a request can hold). A workspace of this size also serves mla_decode. Throws Error unless
 // the arguments of the four-argument form hold, max_kv_tokens >= 1 and invariant_split_tokens
 // is 0 or a positive multiple of 64.
