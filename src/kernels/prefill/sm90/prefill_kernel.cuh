@@ -23,9 +23,11 @@
 //                            2, O += P·V (P from registers). They take turns issuing their GEMMs
 //                            (a named-barrier ping-pong), so one consumer's softmax runs while
 //                            the tensor cores work for the other; and each issues S(j) together
-//                            with P·V(j-1), so its own softmax of block j overlaps its P·V(j-1),
-//                            and S(0) of its next tile right behind the last P·V of this one, so
-//                            that the tile's epilogue overlaps tensor-core work too.
+//                            with P·V(j-1), so its own softmax of block j overlaps its P·V(j-1)
+//                            (wholly where the traits' kWaitValuesAtLoopTop keeps ptxas from
+//                            moving the wait for that P·V above the exponentials), and S(0) of
+//                            its next tile right behind the last P·V of this one, so that the
+//                            tile's epilogue overlaps tensor-core work too.
 //
 // Rows of a tile past the request's queries (and key rows past its keys) are whatever the
 // tensors hold there or TMA's zeros past the tensor: scores of such keys are masked, such query
@@ -68,6 +70,10 @@ struct PrefillBf16Traits {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static constexpr bool kQueryInRegisters = false;
+  // Where the consumer waits for P·V(j - 1): see PrefillFp8TransposedValuesTraits. Here at the end
+  // of block j's softmax, where ptxas hoists it to the row maxima: the wait at the loop's top
+  // was 3-7 % slower back to back at H=128, 0.5 % rested (RESULTS.md, twenty-second session).
+  static constexpr bool kWaitValuesAtLoopTop = false;
   using ScoreMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read token-major as loaded: N (value dims) is its contiguous dimension.
   using ValueMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
@@ -99,6 +105,8 @@ struct PrefillFp8Traits {
   // reads only the key block from shared memory, a third less than with Q there too. BF16's
   // query (48 registers) does not fit beside its P fragments.
   static constexpr bool kQueryInRegisters = true;
+  // At the loop's top its consumers (224 registers) spill, and it ran ~1 % slower.
+  static constexpr bool kWaitValuesAtLoopTop = false;
   using ScoreMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
   using ValueMma = sm90::gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
 };
@@ -109,6 +117,16 @@ struct PrefillFp8Traits {
 struct PrefillFp8TransposedValuesTraits : PrefillFp8Traits {
   static constexpr bool kValuesTransposed = true;
   static constexpr int kStages = 4;
+  // The producer only loads (and zeroes the foreign tokens of a first or last block), as BF16's;
+  // the consumers' 8 more registers make room for the wait below without a spill.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  // The wait for P·V(j - 1) opens iteration j + 1 instead of closing iteration j: written at
+  // the end of block j's softmax, ptxas hoisted it to the row maxima, so the block's
+  // exponentials waited for P·V(j - 1) instead of running under it; ptxas does not move it
+  // across the loop's back edge. At H=128 1x16K 2 % faster rested and 4-6 % back to back, 1-3 %
+  // at 1x8K, 2-3 % at H=16 1x16K; 16x1K within 1 % (RESULTS.md, twenty-second session).
+  static constexpr bool kWaitValuesAtLoopTop = true;
 };
 
 // What the producer hands the consumers about a tile (and, with num_blocks = -1, that no tile
@@ -145,6 +163,7 @@ struct PrefillKernel {
   static constexpr int kScoreRegs = kBlockKeys / 2;  // 64 x 128 FP32
   static constexpr int kProbRegs = attention::kProbabilityRegs<kFp8, kScoreRegs>;
   static constexpr bool kQueryInRegisters = Traits::kQueryInRegisters;
+  static constexpr bool kWaitValuesAtLoopTop = Traits::kWaitValuesAtLoopTop;
   // The query's A fragments: four registers per score K step (none when Q is read from shared memory).
   static constexpr int kQueryRegs = kQueryInRegisters ? 4 * kQkChunks * kScoreStepsPerChunk : 1;
 
@@ -661,8 +680,18 @@ struct PrefillKernel {
         if (n == 1) sm90::mbarrier_arrive(&s.q_free);
         mask_block(scores, 0, limit, lower);
         softmax.step(scores, p.score_scale_log2, factor);
-        attention::pack_probabilities<kFp8>(scores, probs);
+        if constexpr (!kWaitValuesAtLoopTop) attention::pack_probabilities<kFp8>(scores, probs);
+        // Retires the last P·V issued (if there was one), frees its value stage and packs the
+        // probabilities in `scores` for the next P·V.
+        auto retire_values_and_pack = [&](bool issued, int value_stage) {
+          retire_all();
+          if (issued) release(&s.v_free[value_stage]);
+          attention::pack_probabilities<kFp8>(scores, probs);
+        };
+        // The stage of the block before `blocks`: the one the last P·V read.
+        auto previous_stage = [&] { return sm90::PipelineState<kStages>{blocks.count - 1}.stage(); };
         for (int j = 1; j < n; ++j) {
+          if constexpr (kWaitValuesAtLoopTop) retire_values_and_pack(j > 1, previous_stage());
           const sm90::PipelineState<kStages> previous = blocks;
           blocks.advance();
           stage = blocks.stage();
@@ -682,10 +711,10 @@ struct PrefillKernel {
           if (j == n - 1) sm90::mbarrier_arrive(&s.q_free);
           mask_block(scores, j, limit, lower);
           softmax.step(scores, p.score_scale_log2, factor);
-          retire_all();
-          release(&s.v_free[previous.stage()]);
-          attention::pack_probabilities<kFp8>(scores, probs);
+          if constexpr (!kWaitValuesAtLoopTop) retire_values_and_pack(true, previous.stage());
         }
+        // Unconditional: a wait on one path only made ptxas serialise every wgmma (C7514).
+        if constexpr (kWaitValuesAtLoopTop) retire_values_and_pack(n > 1, previous_stage());
         if (n > 1) attention::scale_rows<false>(acc, factor[0], factor[1]);
         wait_values(s, last, t, n - 1, tail_phases);
         issue_values(s, last.stage(), probs, acc, n > 1);
