@@ -72,7 +72,8 @@ struct PrefillBf16Traits {
   static constexpr bool kQueryInRegisters = false;
   // Where the consumer waits for P·V(j - 1): see PrefillFp8TransposedValuesTraits. Here at the end
   // of block j's softmax, where ptxas hoists it to the row maxima: the wait at the loop's top
-  // was 3-7 % slower back to back at H=128, 0.5 % rested (RESULTS.md, twenty-second session).
+  // was 3-7 % slower back to back at H=128, 0.5 % rested (RESULTS.md, twenty-second session);
+  // there ptxas sank 29 of the 32 conversions that pack P below the turn barrier, into the turn.
   static constexpr bool kWaitValuesAtLoopTop = false;
   using ScoreMma = sm90::gmma::MMA_64x128x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read token-major as loaded: N (value dims) is its contiguous dimension.
