@@ -443,17 +443,23 @@ struct DecodeKernel {
     }
   }
 
-  // Online softmax (base 2) of one block's scores, in place: masks keys past each row's limit
+  // Online softmax (base 2) of one block's scores, `block_scores`, into `scores` (the same array,
+  // or registers of the caller's own: the seesaw's scorer writes its probabilities apart from the
+  // registers its S wgmma wrote, which is what let ptxas run this softmax under the scorer's
+  // P·V(b-1) without serialising the wgmmas — written in place there, ptxas serialised them,
+  // C7515). Masks keys past each row's limit
   // (with context parallelism, the rank's bound: context_parallel_limit) and turns the scores
   // into probabilities against the new row maxima (returned). A row's max moves only when the
   // block exceeds it by more than kMaxSlackLog2 (the sums and outputs are relative to whichever
   // max is used, so the result is the same). Fills the block's exact sums (and, for BF16, the
   // weights: see RowSums).
-  static __device__ void softmax_block(const DecodeParams& p, float (&scores)[32], const float (&row_max)[2],
-                                       float (&new_max)[2], RowSums& block_sums, const int (&limit)[2], int block,
-                                       int request, int seq_len) {
+  static __device__ void softmax_block(const DecodeParams& p, const float (&block_scores)[32], float (&scores)[32],
+                                       const float (&row_max)[2], float (&new_max)[2], RowSums& block_sums,
+                                       const int (&limit)[2], int block, int request, int seq_len) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int r = 0; r < 32; ++r) scores[r] = block_scores[r];
     if ((block + 1) * kBlockTokens > min(limit[0], limit[1])) {
       int bound[2] = {limit[0], limit[1]};
       if (p.causal_seqs != nullptr) {
@@ -625,66 +631,93 @@ struct DecodeKernel {
       // The first block this consumer scores.
       const int first_scored = kSeesaw ? me : (me == 0 ? 0 : num_blocks);
       if (first_scored < num_blocks) issue_block_scores(j + first_scored);
-      for (int b = 0; b < num_blocks; ++b) {
+      if constexpr (kSeesaw) retire_wgmmas();  // the scorer's step expects its S retired
+      // The seesaw runs in pairs of steps, the scorer's of block b then the receiver's of b + 1
+      // (consumer 1 starts with the receiver's step of block 0), so that ptxas sees every
+      // scorer's step reached from a receiver's (which retires S(b)) or from before the loop:
+      // the scorer's softmax then runs while its P·V(b-1) does. With one step a loop iteration,
+      // ptxas could not tell which group was in flight and serialised every wgmma.
+      auto scorer_step = [&](int b) {
         const int j_block = j + b, block = piece.block_begin + b;
-        const int valid = valid_tokens_in_block(seq_len, block);
         float new_max[2];
         RowSums block_sums;
-        if constexpr (kSeesaw) {
-          if (b % 2 == me) {
-            // In flight: S(b) and P·V(b-1). Waiting for fewer groups than all, anywhere in
-            // this loop, makes ptxas serialise every wgmma of the kernel (it cannot tell on
-            // these paths which group is the newest); the tensor cores run them in order anyway.
+        // In flight: P·V(b-1) only.
+        float probabilities[32];
+        softmax_block(p, scores, probabilities, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
+        sm90::attention::pack_probabilities<Traits::kFp8>(probabilities, my_probs);
+        if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
+        send(new_max, block_sums);
+        prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(acc);
+        sm90::fence_registers(my_probs);
+        sm90::fence_registers(their_probs);
+        advance_softmax(acc, row_max, row_sums, new_max, block_sums);
+        issue_block_values(j_block, my_probs);
+        if (b + 2 < num_blocks) issue_block_scores(j_block + 2);
+      };
+      auto receiver_step = [&](int b) {
+        const int j_block = j + b, block = piece.block_begin + b;
+        float new_max[2];
+        RowSums block_sums;
+        // While the scorer runs its softmax: this half of the values.
+        prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
+        retire_wgmmas();  // P·V(b-1) and S(b+1)
+        receive(new_max, block_sums);
+        advance_softmax(acc, row_max, row_sums, new_max, block_sums);
+        issue_block_values(j_block, their_probs);
+      };
+      if constexpr (kSeesaw) {
+        int b = 0;
+        if (me == 1 && num_blocks > 0) {
+          receiver_step(0);
+          b = 1;
+        }
+        for (; b < num_blocks; b += 2) {
+          scorer_step(b);
+          if (b + 1 >= num_blocks) break;
+          receiver_step(b + 1);
+        }
+      } else {
+        for (int b = 0; b < num_blocks; ++b) {
+          const int j_block = j + b, block = piece.block_begin + b;
+          const int valid = valid_tokens_in_block(seq_len, block);
+          float new_max[2];
+          RowSums block_sums;
+          if (me == 0) {
+            // The scorer. S(b) is the only group in flight. Its P·V of the block is retired at
+            // once so that its part of the stage loads the next-but-one block early; part 0 of
+            // S(b+1) is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the
+            // block runs on the tensor cores during the softmax of b+1, not before that part.
             retire_wgmmas();
-            softmax_block(p, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
+            softmax_block(p, scores, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
             sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
-            if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
-            send(new_max, block_sums);
             prepare_values(s, j_block, valid, me);
             advance_softmax(acc, row_max, row_sums, new_max, block_sums);
             issue_block_values(j_block, my_probs);
-            if (b + 2 < num_blocks) issue_block_scores(j_block + 2);
+            write_message(new_max, block_sums);  // while the P·V runs
+            retire_wgmmas();
+            release_values(s, j_block, me);
+            // P(b) is posted once part 0 of S(b+1) is queued: consumer 1's P·V(b) then runs
+            // behind that part, and ahead of part 1 if part 1 has not landed yet, rather than
+            // after the load that part 1 waits for (posting after the whole S(b+1) took 4-5 %
+            // longer at H = 128 on an H100; posting before any of it, 10 % longer at H=128 q2).
+            if (b + 1 < num_blocks) issue_scores(s, j_block + 1, scores, post_message);
+            else post_message();
           } else {
-            // While the scorer runs its softmax: this half of the values.
-            prepare_values(s, j_block, valid, me);
-            retire_wgmmas();  // P·V(b-1) and S(b+1)
+            // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
+            // block), but ptxas merges this path with the scorer's, which ends with S(b+1) in
+            // flight, and would put a wait for it inside the rescale that only some warps run: a
+            // warpgroup instruction the warps would not execute together. This uniform wait
+            // (immediate) lets it prove the rescale safe.
+            sm90::wgmma_wait<0>();
             receive(new_max, block_sums);
+            prepare_values(s, j_block, valid, me);
             advance_softmax(acc, row_max, row_sums, new_max, block_sums);
             issue_block_values(j_block, their_probs);
+            retire_wgmmas();
+            release_values(s, j_block, me);
           }
-        } else if (me == 0) {
-          // The scorer. S(b) is the only group in flight. Its P·V of the block is retired at
-          // once so that its part of the stage loads the next-but-one block early; part 0 of
-          // S(b+1) is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the
-          // block runs on the tensor cores during the softmax of b+1, not before that part.
-          retire_wgmmas();
-          softmax_block(p, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
-          sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
-          prepare_values(s, j_block, valid, me);
-          advance_softmax(acc, row_max, row_sums, new_max, block_sums);
-          issue_block_values(j_block, my_probs);
-          write_message(new_max, block_sums);  // while the P·V runs
-          retire_wgmmas();
-          release_values(s, j_block, me);
-          // P(b) is posted once part 0 of S(b+1) is queued: consumer 1's P·V(b) then runs
-          // behind that part, and ahead of part 1 if part 1 has not landed yet, rather than
-          // after the load that part 1 waits for (posting after the whole S(b+1) took 4-5 %
-          // longer at H = 128 on an H100; posting before any of it, 10 % longer at H=128 q2).
-          if (b + 1 < num_blocks) issue_scores(s, j_block + 1, scores, post_message);
-          else post_message();
-        } else {
-          // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
-          // block), but ptxas merges this path with the scorer's, which ends with S(b+1) in
-          // flight, and would put a wait for it inside the rescale that only some warps run: a
-          // warpgroup instruction the warps would not execute together. This uniform wait
-          // (immediate) lets it prove the rescale safe.
-          sm90::wgmma_wait<0>();
-          receive(new_max, block_sums);
-          prepare_values(s, j_block, valid, me);
-          advance_softmax(acc, row_max, row_sums, new_max, block_sums);
-          issue_block_values(j_block, their_probs);
-          retire_wgmmas();
-          release_values(s, j_block, me);
         }
       }
       retire_wgmmas();
