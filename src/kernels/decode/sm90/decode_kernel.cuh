@@ -648,6 +648,8 @@ struct DecodeKernel {
         if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
         send(new_max, block_sums);
         prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
+        // retire_wgmmas() less its fence on `scores`: no wgmma writes them now (S(b) was read by
+        // the softmax; S(b + 2) is issued below), so they need not stay live across this wait.
         sm90::wgmma_wait<0>();
         sm90::fence_registers(acc);
         sm90::fence_registers(my_probs);
