@@ -443,23 +443,22 @@ struct DecodeKernel {
     }
   }
 
-  // Online softmax (base 2) of one block's scores, `block_scores`, into `scores` (the same array,
-  // or registers of the caller's own: the seesaw's scorer writes its probabilities apart from the
-  // registers its S wgmma wrote, which is what let ptxas run this softmax under the scorer's
-  // P·V(b-1) without serialising the wgmmas — written in place there, ptxas serialised them,
-  // C7515). Masks keys past each row's limit
-  // (with context parallelism, the rank's bound: context_parallel_limit) and turns the scores
-  // into probabilities against the new row maxima (returned). A row's max moves only when the
-  // block exceeds it by more than kMaxSlackLog2 (the sums and outputs are relative to whichever
-  // max is used, so the result is the same). Fills the block's exact sums (and, for BF16, the
-  // weights: see RowSums).
-  static __device__ void softmax_block(const DecodeParams& p, const float (&block_scores)[32], float (&scores)[32],
+  // Online softmax (base 2) of one block's scores, `block_scores`, into `probabilities` (the same
+  // array, or registers of the caller's own: the seesaw's scorer writes them apart from the
+  // registers its S wgmma wrote, which lets ptxas run this softmax under the scorer's P·V(b-1);
+  // written in place there, ptxas serialised every wgmma, C7515). Masks keys past each row's
+  // limit (with context parallelism, the rank's bound: context_parallel_limit) and turns the
+  // scores into probabilities against the new row maxima (returned). A row's max moves only when
+  // the block exceeds it by more than kMaxSlackLog2 (the sums and outputs are relative to
+  // whichever max is used, so the result is the same). Fills the block's exact sums (and, for
+  // BF16, the weights: see RowSums).
+  static __device__ void softmax_block(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
                                        const float (&row_max)[2], float (&new_max)[2], RowSums& block_sums,
                                        const int (&limit)[2], int block, int request, int seq_len) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
 #pragma unroll
-    for (int r = 0; r < 32; ++r) scores[r] = block_scores[r];
+    for (int r = 0; r < 32; ++r) probabilities[r] = block_scores[r];
     if ((block + 1) * kBlockTokens > min(limit[0], limit[1])) {
       int bound[2] = {limit[0], limit[1]};
       if (p.causal_seqs != nullptr) {
@@ -471,8 +470,8 @@ struct DecodeKernel {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int token = block * kBlockTokens + 8 * n + quad_col + e;
-          if (token >= bound[0]) scores[4 * n + e] = -INFINITY;
-          if (token >= bound[1]) scores[4 * n + 2 + e] = -INFINITY;
+          if (token >= bound[0]) probabilities[4 * n + e] = -INFINITY;
+          if (token >= bound[1]) probabilities[4 * n + 2 + e] = -INFINITY;
         }
     }
     const float score_scale_log2 = p.score_scale_log2;
@@ -480,7 +479,7 @@ struct DecodeKernel {
     // on the path from one block's scores to the next P·V.
     float block_max[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) block_max[i] = sm90::attention::row_tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); });
+    for (int i = 0; i < 2; ++i) block_max[i] = sm90::attention::row_tree_reduce(probabilities, i, [](float a, float b) { return fmaxf(a, b); });
     float exponent_base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -494,9 +493,9 @@ struct DecodeKernel {
     }
 #pragma unroll
     for (int r = 0; r < 32; ++r)
-      scores[r] = sm90::fast_exp2(fmaf(scores[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
+      probabilities[r] = sm90::fast_exp2(fmaf(probabilities[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
 #pragma unroll
-    for (int i = 0; i < 2; ++i) block_sums.exact[i] = sm90::attention::row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+    for (int i = 0; i < 2; ++i) block_sums.exact[i] = sm90::attention::row_tree_reduce(probabilities, i, [](float a, float b) { return a + b; });
     if constexpr (!Traits::kFp8) {
       block_sums.weights[0] = block_sums.exact[0];
       block_sums.weights[1] = block_sums.exact[1];
