@@ -596,10 +596,12 @@ struct DecodeKernel {
     // accumulators and both P fragment sets are live up to here: a P·V reads its P registers
     // asynchronously, and were they shared with the scores (dead to the compiler once packed)
     // the next S would overwrite them in flight; ptxas would then serialise every wgmma.
-    auto retire_wgmmas = [&] {
+    // `scores_live` false: no wgmma writes the scores now, so they need not stay live across
+    // the wait (the seesaw's scorer, between its softmax of S(b) and the issue of S(b + 2)).
+    auto retire_wgmmas = [&](bool scores_live = true) {
       sm90::wgmma_wait<0>();
       sm90::fence_registers(acc);
-      sm90::fence_registers(scores);
+      if (scores_live) sm90::fence_registers(scores);
       sm90::fence_registers(my_probs);
       sm90::fence_registers(their_probs);
     };
@@ -647,12 +649,7 @@ struct DecodeKernel {
         if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
         send(new_max, block_sums);
         prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
-        // retire_wgmmas() less its fence on `scores`: no wgmma writes them now (S(b) was read by
-        // the softmax; S(b + 2) is issued below), so they need not stay live across this wait.
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(acc);
-        sm90::fence_registers(my_probs);
-        sm90::fence_registers(their_probs);
+        retire_wgmmas(false);  // P·V(b-1): S(b) was read by the softmax, S(b + 2) comes below
         advance_softmax(acc, row_max, row_sums, new_max, block_sums);
         issue_block_values(j_block, my_probs);
         if (b + 2 < num_blocks) issue_block_scores(j_block + 2);
