@@ -64,6 +64,9 @@ struct Fp8Traits : Fp8Format {
   static constexpr int kLoadParts = 1;
   using ScoreMma = sm90::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
   using ValueMma = sm90::gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
+  // The query's rope chunk stays in shared memory (both consumers score).
+  static constexpr bool kRopeInRegisters = false;
+  using RopeScoreMma = ScoreMma;
 };
 
 struct Bf16Traits {
@@ -88,6 +91,10 @@ struct Bf16Traits {
   // H200); part 1 is then released last, and S(b+1) reads part 0 first.
   static constexpr int kLoadParts = 2;
   using ScoreMma = sm90::gmma::MMA_64x64x16_F32BF16BF16_SS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
+  // The scorer holds the query's rope chunk in registers (16, loaded once a piece), so the
+  // rope's four score wgmmas read only K from shared memory.
+  static constexpr bool kRopeInRegisters = true;
+  using RopeScoreMma = sm90::gmma::MMA_64x64x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::K>;
   // V is read straight from the cache rows: N (value dims) is the contiguous dimension.
   using ValueMma = sm90::gmma::MMA_64x256x16_F32BF16BF16_RS<sm90::gmma::Major::K, sm90::gmma::Major::MN>;
 };
@@ -284,8 +291,31 @@ struct DecodeKernel {
   // loop makes ptxas fence and serialise the wgmmas), part by part as each part lands.
   // `after_first_part` runs once the first part's wgmmas are issued, before the wait for the
   // next part (see the BF16 scorer in consumer_warpgroup).
+  // The query's rope chunk as score wgmma A fragments (Traits::kRopeInRegisters): four per K
+  // step. FP8 keeps one unused register.
+  static constexpr int kRopeRegs = Traits::kRopeInRegisters ? 4 * kStepsPerChunk : 1;
+
+  // Loads the rope fragments from the staged query tile: ldmatrix matrix m of K step `step` is
+  // rows 8 (m % 2) .. + 7 of the warp's 16 and the step's 16-byte piece m / 2, which makes
+  // registers 0-3 the wgmma A fragment (rows r, r + 8; K 0-7, 8-15).
+  static __device__ void load_rope(const Smem& s, uint32_t (&rope)[kRopeRegs]) {
+    static_assert(Traits::kRopeInRegisters && Traits::kSwizzle == sm90::SmemLayout::kSwizzle128B);
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, matrix = lane / 8;
+    const int row = 16 * warp + 8 * (matrix % 2) + lane % 8;
+    const uint32_t row_address = sm90::smem_u32(s.q) + (kNumChunks - 1) * kChunkBytes + row * kChunkRowBytes;
+#pragma unroll
+    for (int step = 0; step < kStepsPerChunk; ++step) {
+      const uint4 v = sm90::ldmatrix_x4<false>(row_address + (((2 * step + matrix / 2) ^ (row % 8)) << 4));
+      rope[4 * step] = v.x;
+      rope[4 * step + 1] = v.y;
+      rope[4 * step + 2] = v.z;
+      rope[4 * step + 3] = v.w;
+    }
+  }
+
   template <typename AfterFirstPart>
-  static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32], AfterFirstPart&& after_first_part) {
+  static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32], const uint32_t (&rope)[kRopeRegs],
+                                      AfterFirstPart&& after_first_part) {
     const int stage = j % kKStages;
     const uint64_t q_desc = sm90::make_smem_desc(s.q, 16, kRowGroupBytes, Traits::kSwizzle);
     const uint64_t k_desc = sm90::make_smem_desc(s.k + stage * kTileBytes, 16, kRowGroupBytes, Traits::kSwizzle);
@@ -299,8 +329,19 @@ struct DecodeKernel {
 #pragma unroll
         for (int step = 0; step < kStepsPerChunk; ++step) {
           const uint32_t offset = c * kChunkBytes + step * 32;
-          sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset),
-                                                  sm90::desc_advance(k_desc, offset), scores, c + step > 0);
+          auto from_shared = [&] {
+            sm90::mma_ss<typename Traits::ScoreMma>(sm90::desc_advance(q_desc, offset),
+                                                    sm90::desc_advance(k_desc, offset), scores, c + step > 0);
+          };
+          if constexpr (Traits::kRopeInRegisters) {
+            if (c == kNumChunks - 1)
+              sm90::mma_rs<typename Traits::RopeScoreMma>(&rope[4 * step], sm90::desc_advance(k_desc, offset), scores,
+                                                          true);
+            else
+              from_shared();
+          } else {
+            from_shared();
+          }
         }
       }
       if (part == 0) after_first_part();
@@ -591,7 +632,8 @@ struct DecodeKernel {
       sm90::mbarrier_arrive(&s.channel_free[warp]);
       ++message;
     };
-    auto issue_block_scores = [&](int j_block) { issue_scores(s, j_block, scores, [] {}); };
+    uint32_t rope[kRopeRegs];
+    auto issue_block_scores = [&](int j_block) { issue_scores(s, j_block, scores, rope, [] {}); };
     // Waits for every wgmma of this warpgroup. The register fences tell the compiler that the
     // accumulators and both P fragment sets are live up to here: a P·V reads its P registers
     // asynchronously, and were they shared with the scores (dead to the compiler once packed)
@@ -604,6 +646,7 @@ struct DecodeKernel {
       if (scores_live) sm90::fence_registers(scores);
       sm90::fence_registers(my_probs);
       sm90::fence_registers(their_probs);
+      if constexpr (Traits::kRopeInRegisters) sm90::fence_registers(rope);
     };
     auto issue_block_values = [&](int j_block, const uint32_t (&probs)[kPRegs]) {
       sm90::wgmma_fence();
@@ -619,6 +662,9 @@ struct DecodeKernel {
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
       load_query(p, s, piece.request, row_tile);
       sm90::named_barrier_sync(kBarConsumers, kConsumerThreads);
+      if constexpr (Traits::kRopeInRegisters) {
+        if (me == 0) load_rope(s, rope);  // the scorer's
+      }
 
       // Keys visible to each row: k < seq_len - (q_len - 1) + t (context parallelism widens it
       // inside softmax_block).
@@ -700,7 +746,7 @@ struct DecodeKernel {
             // behind that part, and ahead of part 1 if part 1 has not landed yet, rather than
             // after the load that part 1 waits for (posting after the whole S(b+1) took 4-5 %
             // longer at H = 128 on an H100; posting before any of it, 10 % longer at H=128 q2).
-            if (b + 1 < num_blocks) issue_scores(s, j_block + 1, scores, post_message);
+            if (b + 1 < num_blocks) issue_scores(s, j_block + 1, scores, rope, post_message);
             else post_message();
           } else {
             // Nothing of this warpgroup is in flight here (its P·V retired at the end of the last
