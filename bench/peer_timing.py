@@ -9,7 +9,12 @@ import torch
 
 
 class GpuSampler:
-    """nvidia-smi's SM clock, power and throttle reasons, queried repeatedly while a case runs."""
+    """nvidia-smi's SM clock, power and throttle reasons, queried repeatedly while a case runs.
+
+    Most samples fall between the timed kernels (the L2 flush, the host's work), so they show the
+    board's state, not the clock inside a kernel: clock64 against %globaltimer in the decode
+    kernels read 1640-1790 MHz while these samples read 1980 (bench/RESULTS.md, twenty-seventh
+    session). The summary gives the median and the lowest clock seen, and every throttle reason."""
 
     QUERY = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
              "--format=csv,noheader,nounits"]
@@ -40,7 +45,8 @@ class GpuSampler:
         if not self.samples:
             return "clock/power n/a"
         reasons = sorted({r for _, _, r in self.samples})
-        return (f"SM {statistics.median(c for c, _, _ in self.samples):.0f} MHz, "
+        clocks = [c for c, _, _ in self.samples]
+        return (f"SM {statistics.median(clocks):.0f} MHz (min {min(clocks):.0f}), "
                 f"{statistics.median(p for _, p, _ in self.samples):.0f} W, throttle {'/'.join(reasons)}")
 
 
