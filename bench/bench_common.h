@@ -97,6 +97,9 @@ inline void fill_normal(void* dst, size_t bytes, DType dtype, std::mt19937_64& r
 // nvidia-smi's SM clock, power draw and active throttle reasons, queried over and over on a
 // thread between start() and stop(): one query takes tens of milliseconds, so the first one that
 // completes was taken while the case ran. "" when nvidia-smi is missing or answered nothing.
+// A sample is the board's state at that instant, most likely between the timed kernels (flushes,
+// host work): inside the decode kernels clock64 against %globaltimer read 1640-1790 MHz where
+// these samples read 1980 (bench/RESULTS.md, twenty-seventh session).
 class GpuStateSampler {
  public:
   void start() {
