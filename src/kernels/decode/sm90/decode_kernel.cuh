@@ -286,11 +286,6 @@ struct DecodeKernel {
                                                       threadIdx.x - kWarpgroupThreads, kConsumerThreads);
   }
 
-  // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
-  // wgmma steps, each step's descriptors one 32-bit add away from the base ones (a rolled
-  // loop makes ptxas fence and serialise the wgmmas), part by part as each part lands.
-  // `after_first_part` runs once the first part's wgmmas are issued, before the wait for the
-  // next part (see the BF16 scorer in consumer_warpgroup).
   // The query's rope chunk as score wgmma A fragments (Traits::kRopeInRegisters): four per K
   // step. FP8 keeps one unused register.
   static constexpr int kRopeRegs = Traits::kRopeInRegisters ? 4 * kStepsPerChunk : 1;
@@ -313,6 +308,11 @@ struct DecodeKernel {
     }
   }
 
+  // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)
+  // wgmma steps, each step's descriptors one 32-bit add away from the base ones (a rolled
+  // loop makes ptxas fence and serialise the wgmmas), part by part as each part lands.
+  // `after_first_part` runs once the first part's wgmmas are issued, before the wait for the
+  // next part (see the BF16 scorer in consumer_warpgroup).
   template <typename AfterFirstPart>
   static __device__ void issue_scores(const Smem& s, int j, float (&scores)[32], const uint32_t (&rope)[kRopeRegs],
                                       AfterFirstPart&& after_first_part) {
