@@ -44,6 +44,7 @@
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/attention/fp8_transpose.cuh"
 #include "kernels/sm90/attention/probabilities.cuh"
+#include "kernels/sm90/attention/query_fragments.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/swizzle.cuh"
@@ -290,22 +291,12 @@ struct DecodeKernel {
   // step. FP8 keeps one unused register.
   static constexpr int kRopeRegs = Traits::kRopeInRegisters ? 4 * kStepsPerChunk : 1;
 
-  // Loads the rope fragments from the staged query tile: ldmatrix matrix m of K step `step` is
-  // rows 8 (m % 2) .. + 7 of the warp's 16 and the step's 16-byte piece m / 2, which makes
-  // registers 0-3 the wgmma A fragment (rows r, r + 8; K 0-7, 8-15).
+  // Loads the rope fragments from the staged query tile (its last chunk).
   static __device__ void load_rope(const Smem& s, uint32_t (&rope)[kRopeRegs]) {
-    static_assert(Traits::kRopeInRegisters && Traits::kSwizzle == sm90::SmemLayout::kSwizzle128B);
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, matrix = lane / 8;
-    const int row = 16 * warp + 8 * (matrix % 2) + lane % 8;
-    const uint32_t row_address = sm90::smem_u32(s.q) + (kNumChunks - 1) * kChunkBytes + row * kChunkRowBytes;
-#pragma unroll
-    for (int step = 0; step < kStepsPerChunk; ++step) {
-      const uint4 v = sm90::ldmatrix_x4<false>(row_address + (((2 * step + matrix / 2) ^ (row % 8)) << 4));
-      rope[4 * step] = v.x;
-      rope[4 * step + 1] = v.y;
-      rope[4 * step + 2] = v.z;
-      rope[4 * step + 3] = v.w;
-    }
+    static_assert(Traits::kRopeInRegisters);
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    sm90::attention::load_a_fragments<Traits::kSwizzle, 1, kStepsPerChunk>(
+        sm90::smem_u32(s.q) + (kNumChunks - 1) * kChunkBytes, kChunkBytes, 16 * warp, lane, rope);
   }
 
   // S = Q·K^T of block j (K stage j % kKStages) as one wgmma group: 9 chunks x (64 / kMmaK)

@@ -45,6 +45,7 @@
 #include "kernels/sm90/attention/fp8_transpose.cuh"
 #include "kernels/sm90/attention/online_softmax.cuh"
 #include "kernels/sm90/attention/probabilities.cuh"
+#include "kernels/sm90/attention/query_fragments.cuh"
 #include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/swizzle.cuh"
@@ -475,22 +476,12 @@ struct PrefillKernel {
   // Consumers
   // ---------------------------------------------------------------------------------------
 
-  // The A fragments of this consumer's 64 query rows (kQueryInRegisters): per score step (32
-  // features) one ldmatrix.x4 — matrices (rows 0-7, bytes 0-15), (rows 8-15, 0-15), (0-7, 16-31),
-  // (8-15, 16-31) of the warp's 16 rows, which is the wgmma's 8-bit A layout.
+  // The A fragments of this consumer's 64 query rows (kQueryInRegisters): four registers per
+  // score step (32 features).
   static __device__ void load_query(SharedStorage& s, int me, uint32_t (&query)[kQueryRegs]) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int row = me * kConsumerRows + 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
-#pragma unroll
-    for (int c = 0; c < kQkChunks; ++c)
-#pragma unroll
-      for (int step = 0; step < kScoreStepsPerChunk; ++step) {
-        const uint32_t address = sm90::smem_u32(s.q + c * kChunkBytes) +
-                                 sm90::swizzled_piece_offset<Traits::kSwizzle>(row, 2 * step + lane / 16);
-        const uint4 v = sm90::ldmatrix_x4<false>(address);
-        uint32_t* a = &query[4 * (c * kScoreStepsPerChunk + step)];
-        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
-      }
+    attention::load_a_fragments<Traits::kSwizzle, kQkChunks, kScoreStepsPerChunk>(
+        sm90::smem_u32(s.q), kChunkBytes, me * kConsumerRows + 16 * warp, lane, query);
   }
 
   // S = Q·K^T of this consumer's 64 rows against the key block at `keys` (a K stage): one wgmma
