@@ -67,7 +67,6 @@ struct Fp8Traits : Fp8Format {
   using ValueMma = sm90::gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
   // The query's rope chunk stays in shared memory (both consumers score).
   static constexpr bool kRopeInRegisters = false;
-  using RopeScoreMma = ScoreMma;
 };
 
 struct Bf16Traits {
