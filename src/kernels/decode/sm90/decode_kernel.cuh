@@ -339,13 +339,16 @@ struct DecodeKernel {
     sm90::wgmma_commit();
   }
 
-  // O_half += P·V_half for block j. half 0 = value dims 0..255, half 1 = 256..511.
+  // O_half += P·V_half for block j, K steps (kMmaK tokens each) kFirstStep .. kFirstStep +
+  // kSteps - 1 of it. half 0 = value dims 0..255, half 1 = 256..511.
+  template <int kFirstStep = 0, int kSteps = kValueSteps>
   static __device__ void issue_values(const Smem& s, int j, int half, const uint32_t (&probs)[kPRegs], float (&acc)[128]) {
+    static_assert(kFirstStep >= 0 && kSteps > 0 && kFirstStep + kSteps <= kValueSteps);
     if constexpr (Traits::kFp8) {
       const uint8_t* vt = s.vt + (j % kVtStages) * kVtStageBytes + half * (kHalfValueDim / 8) * kVtGroupStride;
       const uint64_t desc = sm90::make_smem_desc(vt, kVtCoreStride, kVtGroupStride, sm90::SmemLayout::kInterleave);
 #pragma unroll
-      for (int step = 0; step < kValueSteps; ++step)
+      for (int step = kFirstStep; step < kFirstStep + kSteps; ++step)
         sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step], sm90::desc_advance(desc, 2 * step * kVtCoreStride),
                                                 acc, true);
     } else {
@@ -354,10 +357,30 @@ struct DecodeKernel {
       const uint8_t* v = s.k + (j % kKStages) * kTileBytes + half * (kHalfValueDim / kChunkDims) * kChunkBytes;
       const uint64_t desc = sm90::make_smem_desc(v, kChunkBytes, kRowGroupBytes, Traits::kSwizzle);
 #pragma unroll
-      for (int step = 0; step < kValueSteps; ++step)
+      for (int step = kFirstStep; step < kFirstStep + kSteps; ++step)
         sm90::mma_rs<typename Traits::ValueMma>(&probs[4 * step],
                                                 sm90::desc_advance(desc, step * Traits::kMmaK * kChunkRowBytes), acc, true);
     }
+  }
+
+  // The BF16 scorer's P·V (consumer_warpgroup) from K step kFirstStep on, as its probabilities
+  // are computed: exponentiates the scores of kScorerValueSteps steps, packs them and issues
+  // their wgmmas, then the next steps' while those run, so that the tensor cores start on the
+  // block's first tokens during the exponentials of its last (1 % faster at H = 128 than the
+  // whole P·V after all of them; two steps a part measured alike). The caller has rescaled
+  // the output to the block's maxima and made the values readable; it commits the group.
+  static constexpr int kScorerValueSteps = 1;
+  template <int kFirstStep>
+  static __device__ void issue_values_as_exponentiated(const DecodeParams& p, const Smem& s, int j, int half,
+                                                       const float (&exponent_base)[2], float (&scores)[32],
+                                                       uint32_t (&probs)[kPRegs], float (&acc)[128]) {
+    constexpr int kRegs = sm90::attention::kScoreRegsPerValueStep<Traits::kFp8>;
+    exponentiate<kFirstStep * kRegs, kScorerValueSteps * kRegs>(p, scores, exponent_base);
+    sm90::attention::pack_probability_steps<Traits::kFp8, kFirstStep, kScorerValueSteps>(scores, probs);
+    sm90::wgmma_fence();
+    issue_values<kFirstStep, kScorerValueSteps>(s, j, half, probs, acc);
+    if constexpr (kFirstStep + kScorerValueSteps < kValueSteps)
+      issue_values_as_exponentiated<kFirstStep + kScorerValueSteps>(p, s, j, half, exponent_base, scores, probs, acc);
   }
 
   // Makes this consumer's value half of block j readable by its P·V wgmma. FP8: transposes it
@@ -477,15 +500,17 @@ struct DecodeKernel {
   // Online softmax (base 2) of one block's scores, `block_scores`, into `probabilities` (the same
   // array, or registers of the caller's own: the seesaw's scorer writes them apart from the
   // registers its S wgmma wrote, which lets ptxas run this softmax under the scorer's P·V(b-1);
-  // written in place there, ptxas serialised every wgmma, C7515). Masks keys past each row's
-  // limit (with context parallelism, the rank's bound: context_parallel_limit) and turns the
-  // scores into probabilities against the new row maxima (returned). A row's max moves only when
-  // the block exceeds it by more than kMaxSlackLog2 (the sums and outputs are relative to
-  // whichever max is used, so the result is the same). Fills the block's exact sums (and, for
-  // BF16, the weights: see RowSums).
-  static __device__ void softmax_block(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
-                                       const float (&row_max)[2], float (&new_max)[2], RowSums& block_sums,
-                                       const int (&limit)[2], int block, int request, int seq_len) {
+  // written in place there, ptxas serialised every wgmma, C7515), in three steps that the BF16
+  // scorer interleaves with its P·V (consumer_warpgroup):
+  // - block_maxima masks keys past each row's limit (with context parallelism, the rank's
+  //   bound: context_parallel_limit) and finds the new row maxima (returned) and the exponents'
+  //   base. A row's max moves only when the block exceeds it by more than kMaxSlackLog2 (the
+  //   sums and outputs are relative to whichever max is used, so the result is the same);
+  // - exponentiate turns registers [kFirst, kFirst + kCount) of the scores into probabilities;
+  // - block_row_sums fills the block's exact sums (and, for BF16, the weights: see RowSums).
+  static __device__ void block_maxima(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
+                                      const float (&row_max)[2], float (&new_max)[2], float (&exponent_base)[2],
+                                      const int (&limit)[2], int block, int request, int seq_len) {
     constexpr float kBias = Traits::kProbabilityLog2Bias;
     const int quad_col = 2 * (threadIdx.x % 4);
 #pragma unroll
@@ -511,7 +536,6 @@ struct DecodeKernel {
     float block_max[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) block_max[i] = sm90::attention::row_tree_reduce(probabilities, i, [](float a, float b) { return fmaxf(a, b); });
-    float exponent_base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 1));
@@ -522,9 +546,18 @@ struct DecodeKernel {
       // A row that has seen no key yet keeps max -inf: its exponents are of -inf.
       exponent_base[i] = new_max[i] == -INFINITY ? 0.f : new_max[i] - kBias;
     }
+  }
+
+  template <int kFirst = 0, int kCount = 32>
+  static __device__ void exponentiate(const DecodeParams& p, float (&probabilities)[32], const float (&exponent_base)[2]) {
+    static_assert(kFirst % 4 == 0 && kCount % 4 == 0 && kFirst + kCount <= 32, "whole column groups of both rows");
+    const float score_scale_log2 = p.score_scale_log2;
 #pragma unroll
-    for (int r = 0; r < 32; ++r)
+    for (int r = kFirst; r < kFirst + kCount; ++r)
       probabilities[r] = sm90::fast_exp2(fmaf(probabilities[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
+  }
+
+  static __device__ void block_row_sums(const float (&probabilities)[32], RowSums& block_sums) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) block_sums.exact[i] = sm90::attention::row_tree_reduce(probabilities, i, [](float a, float b) { return a + b; });
     if constexpr (!Traits::kFp8) {
@@ -533,20 +566,46 @@ struct DecodeKernel {
     }
   }
 
-  // Moves the running softmax state to a block's new row maxima: rescales the output half and
-  // the sums, then adds the block's sums. Both consumers apply every block's update in the same
-  // order, so their states stay identical.
+  static __device__ void softmax_block(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
+                                       const float (&row_max)[2], float (&new_max)[2], RowSums& block_sums,
+                                       const int (&limit)[2], int block, int request, int seq_len) {
+    float exponent_base[2];
+    block_maxima(p, block_scores, probabilities, row_max, new_max, exponent_base, limit, block, request, seq_len);
+    exponentiate(p, probabilities, exponent_base);
+    block_row_sums(probabilities, block_sums);
+  }
+
+  // Moves the running softmax state to a block's new row maxima (advance_softmax) in steps that
+  // the BF16 scorer takes apart: the factors from the old maxima to the new, the running sums
+  // rescaled by them plus the block's sums, and the output half rescaled. Both consumers apply
+  // every block's update in the same order and with the same operations, so their states stay
+  // identical.
+  static __device__ void rescale_factors(const float (&row_max)[2], const float (&new_max)[2], float (&factor)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) factor[i] = new_max[i] == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max[i]);
+  }
+
+  static __device__ void add_block_sums(RowSums& row_sums, const float (&factor)[2], const RowSums& block_sums) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      row_sums.exact[i] = fmaf(row_sums.exact[i], factor[i], block_sums.exact[i]);
+      row_sums.weights[i] = fmaf(row_sums.weights[i], factor[i], block_sums.weights[i]);
+    }
+  }
+
+  static __device__ void rescale_to_maxima(float (&acc)[128], float (&row_max)[2], const float (&new_max)[2],
+                                           const float (&factor)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) row_max[i] = new_max[i];
+    sm90::attention::scale_rows<true>(acc, factor[0], factor[1]);
+  }
+
   static __device__ void advance_softmax(float (&acc)[128], float (&row_max)[2], RowSums& row_sums,
                                          const float (&new_max)[2], const RowSums& block_sums) {
     float factor[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      factor[i] = new_max[i] == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max[i]);
-      row_sums.exact[i] = fmaf(row_sums.exact[i], factor[i], block_sums.exact[i]);
-      row_sums.weights[i] = fmaf(row_sums.weights[i], factor[i], block_sums.weights[i]);
-      row_max[i] = new_max[i];
-    }
-    sm90::attention::scale_rows<true>(acc, factor[0], factor[1]);
+    rescale_factors(row_max, new_max, factor);
+    add_block_sums(row_sums, factor, block_sums);
+    rescale_to_maxima(acc, row_max, new_max, factor);
   }
 
   // A consumer warpgroup (`me` = 0 or 1): output columns 256·me .. 256·me+255 of every block,
@@ -719,16 +778,22 @@ struct DecodeKernel {
           float new_max[2];
           RowSums block_sums;
           if (me == 0) {
-            // The scorer. S(b) is the only group in flight. Its P·V of the block is retired at
-            // once so that its part of the stage loads the next-but-one block early; part 0 of
-            // S(b+1) is issued before P(b) goes to consumer 1, so that consumer 1's P·V of the
-            // block runs on the tensor cores during the softmax of b+1, not before that part.
+            // The scorer. S(b) is the only group in flight. Its P·V of the block is issued step
+            // by step as the probabilities are exponentiated (issue_values_as_exponentiated; the
+            // block's sums come after), and retired at once so that its part of the stage loads
+            // the next-but-one block early; part 0 of S(b+1) is issued before P(b) goes to
+            // consumer 1, so that consumer 1's P·V of the block runs on the tensor cores during
+            // the softmax of b+1, not before that part.
             retire_wgmmas();
-            softmax_block(p, scores, scores, row_max, new_max, block_sums, limit, block, piece.request, seq_len);
-            sm90::attention::pack_probabilities<Traits::kFp8>(scores, my_probs);
+            float exponent_base[2], factor[2];
+            block_maxima(p, scores, scores, row_max, new_max, exponent_base, limit, block, piece.request, seq_len);
+            rescale_factors(row_max, new_max, factor);
+            rescale_to_maxima(acc, row_max, new_max, factor);
             prepare_values(s, j_block, valid, me);
-            advance_softmax(acc, row_max, row_sums, new_max, block_sums);
-            issue_block_values(j_block, my_probs);
+            issue_values_as_exponentiated<0>(p, s, j_block, me, exponent_base, scores, my_probs, acc);
+            sm90::wgmma_commit();
+            block_row_sums(scores, block_sums);
+            add_block_sums(row_sums, factor, block_sums);
             write_message(new_max, block_sums);  // while the P·V runs
             retire_wgmmas();
             release_values(s, j_block, me);

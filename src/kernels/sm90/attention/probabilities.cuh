@@ -19,28 +19,37 @@ namespace speedmla::kernels::sm90::attention {
 template <bool kFp8, int kScoreRegs>
 inline constexpr int kProbabilityRegs = kFp8 ? kScoreRegs / 4 : kScoreRegs / 2;
 
-template <bool kFp8, int kScoreRegs>
-__device__ __forceinline__ void pack_probabilities(const float (&p)[kScoreRegs],
-                                                   uint32_t (&probs)[kProbabilityRegs<kFp8, kScoreRegs>]) {
-  if constexpr (kFp8) {
+// Columns of P in one K step of the P·V wgmma: BF16 16 (8 score registers), FP8 32 (16).
+template <bool kFp8>
+inline constexpr int kScoreRegsPerValueStep = kFp8 ? 16 : 8;
+
+// The fragments of K steps kFirstStep .. kFirstStep + kSteps - 1 only: a P·V issued in parts
+// can start on its first steps while later columns are still being computed.
+template <bool kFp8, int kFirstStep, int kSteps, int kScoreRegs>
+__device__ __forceinline__ void pack_probability_steps(const float (&p)[kScoreRegs],
+                                                       uint32_t (&probs)[kProbabilityRegs<kFp8, kScoreRegs>]) {
+  static_assert(kFirstStep >= 0 && kSteps > 0 && (kFirstStep + kSteps) * kScoreRegsPerValueStep<kFp8> <= kScoreRegs);
 #pragma unroll
-    for (int step = 0; step < kScoreRegs / 16; ++step) {
-      const float* f = &p[16 * step];
+  for (int step = kFirstStep; step < kFirstStep + kSteps; ++step) {
+    const float* f = &p[kScoreRegsPerValueStep<kFp8> * step];
+    if constexpr (kFp8) {
       probs[4 * step + 0] = pack_fp8x4(f[0], f[1], f[4], f[5]);
       probs[4 * step + 1] = pack_fp8x4(f[2], f[3], f[6], f[7]);
       probs[4 * step + 2] = pack_fp8x4(f[8], f[9], f[12], f[13]);
       probs[4 * step + 3] = pack_fp8x4(f[10], f[11], f[14], f[15]);
-    }
-  } else {
-#pragma unroll
-    for (int step = 0; step < kScoreRegs / 8; ++step) {
-      const float* f = &p[8 * step];
+    } else {
       probs[4 * step + 0] = pack_bf16x2(f[0], f[1]);
       probs[4 * step + 1] = pack_bf16x2(f[2], f[3]);
       probs[4 * step + 2] = pack_bf16x2(f[4], f[5]);
       probs[4 * step + 3] = pack_bf16x2(f[6], f[7]);
     }
   }
+}
+
+template <bool kFp8, int kScoreRegs>
+__device__ __forceinline__ void pack_probabilities(const float (&p)[kScoreRegs],
+                                                   uint32_t (&probs)[kProbabilityRegs<kFp8, kScoreRegs>]) {
+  pack_probability_steps<kFp8, 0, kScoreRegs / kScoreRegsPerValueStep<kFp8>>(p, probs);
 }
 
 // FP8: this thread's share of its two rows' sums of the e4m3-rounded P that the P·V multiplies.
