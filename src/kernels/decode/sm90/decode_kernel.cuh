@@ -595,9 +595,12 @@ struct DecodeKernel {
 
   static __device__ void rescale_to_maxima(float (&acc)[128], float (&row_max)[2], const float (&new_max)[2],
                                            const float (&factor)[2]) {
+    // Whether any row of the warp moves its max, from the maxima rather than the factors, so that
+    // the vote does not wait for the factors' exponentials.
+    const bool moved = __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
 #pragma unroll
     for (int i = 0; i < 2; ++i) row_max[i] = new_max[i];
-    sm90::attention::scale_rows<true>(acc, factor[0], factor[1]);
+    if (moved) sm90::attention::scale_rows<false>(acc, factor[0], factor[1]);
   }
 
   static __device__ void advance_softmax(float (&acc)[128], float (&row_max)[2], RowSums& row_sums,
