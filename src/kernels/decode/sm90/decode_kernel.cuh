@@ -43,6 +43,7 @@
 #include "kernels/decode/sm90/slot_handover.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
 #include "kernels/sm90/attention/fp8_transpose.cuh"
+#include "kernels/sm90/attention/online_softmax.cuh"
 #include "kernels/sm90/attention/probabilities.cuh"
 #include "kernels/sm90/attention/query_fragments.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
@@ -540,11 +541,8 @@ struct DecodeKernel {
     for (int i = 0; i < 2; ++i) {
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 1));
       block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 2));
-      const float block_max_log2 = block_max[i] * score_scale_log2;
-      // -inf + slack is -inf: a row's first finite max is always taken.
-      new_max[i] = block_max_log2 > row_max[i] + Traits::kMaxSlackLog2 ? block_max_log2 : row_max[i];
-      // A row that has seen no key yet keeps max -inf: its exponents are of -inf.
-      exponent_base[i] = new_max[i] == -INFINITY ? 0.f : new_max[i] - kBias;
+      new_max[i] = sm90::attention::lazy_max(block_max[i] * score_scale_log2, row_max[i], Traits::kMaxSlackLog2);
+      exponent_base[i] = sm90::attention::exponent_base(new_max[i], kBias);
     }
   }
 
@@ -582,7 +580,7 @@ struct DecodeKernel {
   // identical.
   static __device__ void rescale_factors(const float (&row_max)[2], const float (&new_max)[2], float (&factor)[2]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) factor[i] = new_max[i] == -INFINITY ? 1.f : sm90::fast_exp2(row_max[i] - new_max[i]);
+    for (int i = 0; i < 2; ++i) factor[i] = sm90::attention::rescale_factor(row_max[i], new_max[i]);
   }
 
   static __device__ void add_block_sums(RowSums& row_sums, const float (&factor)[2], const RowSums& block_sums) {

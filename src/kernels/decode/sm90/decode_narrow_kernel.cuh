@@ -48,6 +48,7 @@
 #include "kernels/decode/sm90/query_tile.cuh"
 #include "kernels/decode/sm90/slot_handover.cuh"
 #include "kernels/sm90/attention/accumulator.cuh"
+#include "kernels/sm90/attention/online_softmax.cuh"
 #include "kernels/sm90/dependent_launch.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/swizzle.cuh"
@@ -321,8 +322,7 @@ struct NarrowDecodeKernel {
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
           block_max[c] = m * scale;
-          // -inf + slack is -inf: a column's first finite max is always taken.
-          raise |= block_max[c] > st.max[c] + Traits::kMaxSlackLog2;
+          raise |= sm90::attention::max_moves(block_max[c], st.max[c], Traits::kMaxSlackLog2);
         }
         float new_max[kColumns];
 #pragma unroll
@@ -339,15 +339,15 @@ struct NarrowDecodeKernel {
             float m = warp_max[column_row(c)];
 #pragma unroll
             for (int w = 1; w < 4; ++w) m = fmaxf(m, warp_max[w * kRows + column_row(c)]);
-            if (m > st.max[c] + Traits::kMaxSlackLog2) new_max[c] = m;
+            if (sm90::attention::max_moves(m, st.max[c], Traits::kMaxSlackLog2)) new_max[c] = m;
           }
           // The maxima are read before any warp writes the next block's (after its vote).
         }
         // P = 2^(S·scale - (max - bias)) to e4m3, stored as P^T; the sums of both kinds.
 #pragma unroll
         for (int c = 0; c < kColumns; ++c) {
-          const float base = new_max[c] == -INFINITY ? 0.f : new_max[c] - kBias;
-          const float factor = new_max[c] == -INFINITY ? 1.f : sm90::fast_exp2(st.max[c] - new_max[c]);
+          const float base = sm90::attention::exponent_base(new_max[c], kBias);
+          const float factor = sm90::attention::rescale_factor(st.max[c], new_max[c]);
           const int r0 = 4 * (c / 2) + c % 2;
           // In place: the scores' last writes before the next S^T are then on every path (a
           // masked score written only where a block needs masking made ptxas serialise the

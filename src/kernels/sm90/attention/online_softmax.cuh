@@ -18,6 +18,26 @@
 
 namespace speedmla::kernels::sm90::attention {
 
+// The lazy max's steps, for kernels that take them apart (decode) as for OnlineSoftmax::step.
+// Maxima are in base-2 units. A row's max moves when a block's exceeds it by more than the slack;
+// -inf + slack is -inf, so a row's first finite max always moves it.
+__device__ __forceinline__ bool max_moves(float block_max, float row_max, float slack_log2) {
+  return block_max > row_max + slack_log2;
+}
+__device__ __forceinline__ float lazy_max(float block_max, float row_max, float slack_log2) {
+  return max_moves(block_max, row_max, slack_log2) ? block_max : row_max;
+}
+// What earlier output (and any other running sum) relative to `old_max` is multiplied by to be
+// relative to `new_max`: exp2(-inf - finite) = 0 rescales a row that had seen nothing; a row that
+// still has seen nothing keeps max -inf and factor 1.
+__device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
+  return new_max == -INFINITY ? 1.f : fast_exp2(old_max - new_max);
+}
+// Probabilities are 2^(s·scale_log2 - base); a row that has seen nothing keeps exponents of -inf.
+__device__ __forceinline__ float exponent_base(float new_max, float bias_log2) {
+  return new_max == -INFINITY ? 0.f : new_max - bias_log2;
+}
+
 struct SoftmaxConfig {
   float slack_log2;  // lazy-max slack (base 2)
   float bias_log2;   // probabilities scaled by 2^bias
@@ -43,12 +63,9 @@ struct OnlineSoftmax {
     for (int i = 0; i < 2; ++i) {
       const float block_max =
           quad_max(row_tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); })) * scale_log2;
-      // -inf + slack is -inf: a row's first finite max is always taken.
-      const float new_max = block_max > row_max[i] + kConfig.slack_log2 ? block_max : row_max[i];
-      // exp2(-inf - finite) = 0 rescales a row that had seen nothing; a row that still has seen
-      // nothing keeps max -inf and exponents of -inf.
-      factor[i] = new_max == -INFINITY ? 1.f : fast_exp2(row_max[i] - new_max);
-      base[i] = new_max == -INFINITY ? 0.f : new_max - kConfig.bias_log2;
+      const float new_max = lazy_max(block_max, row_max[i], kConfig.slack_log2);
+      factor[i] = rescale_factor(row_max[i], new_max);
+      base[i] = exponent_base(new_max, kConfig.bias_log2);
       row_max[i] = new_max;
     }
 #pragma unroll
