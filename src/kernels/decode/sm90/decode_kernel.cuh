@@ -13,7 +13,8 @@
 //                            While one consumer runs its softmax the tensor cores run the
 //                            other's GEMMs, and the scoring work is shared evenly. Each consumer
 //                            first transposes its half of the block's values into its own
-//                            K-major V^T buffer (FP8 wgmma reads both operands K-major only);
+//                            half of a K-major V^T buffer (FP8 wgmma reads both operands
+//                            K-major only);
 //                            eight warps transposing keep up where the producer's four alone
 //                            did not.
 //                            BF16, sequential: consumer 0 scores every block, and consumer 1's
@@ -55,12 +56,14 @@
 namespace speedmla::kernels::decode_sm90 {
 
 struct Fp8Traits : Fp8Format {
-  static constexpr int kKStages = 3;
-  static constexpr int kVtStages = 2;
+  // Four K stages beside one V^T buffer (each consumer rewrites its half of it once its
+  // previous P·V has retired). Three stages and two V^T buffers took the same time with TMA
+  // pages and 4-5 % longer with copied rows (page 16, on the H200), whose loads take longer.
+  static constexpr int kKStages = 4;
   static constexpr int kMmaK = 32;  // K of one wgmma, in elements (32 bytes)
-  // The consumers take turns scoring blocks (the seesaw). V^T has its own buffers, so K
-  // stages are released right after the scores and transposes, and the three stages keep
-  // loads in flight while two blocks are being computed.
+  // The consumers take turns scoring blocks (the seesaw). V^T has its own buffer, so K
+  // stages are released right after the scores and transposes, and the stages keep loads in
+  // flight while two blocks are being computed.
   static constexpr bool kSeesaw = true;
   // A K stage lands and is released as a whole (after both consumers' transposes).
   static constexpr int kLoadParts = 1;
@@ -74,7 +77,6 @@ struct Bf16Traits {
   static constexpr bool kFp8 = false;
   static constexpr int kElemBytes = 2;
   static constexpr int kKStages = 2;
-  static constexpr int kVtStages = 0;
   static constexpr sm90::SmemLayout kSwizzle = sm90::SmemLayout::kSwizzle128B;
   static constexpr sm90::TmaSwizzle kTmaSwizzle = sm90::TmaSwizzle::k128B;
   static constexpr sm90::TmaElement kTmaElement = sm90::TmaElement::kBFloat16;
@@ -128,10 +130,9 @@ struct DecodeKernel {
   // 144 is the measured one.)
   static constexpr int kVtCoreStride = 144;
   static constexpr int kVtGroupStride = 592;
-  static constexpr int kVtStageBytes = Traits::kFp8 ? (kLatentDim / 8) * kVtGroupStride : 0;
+  static constexpr int kVtBytes = Traits::kFp8 ? (kLatentDim / 8) * kVtGroupStride : 0;
 
   static constexpr int kKStages = Traits::kKStages;
-  static constexpr int kVtStages = Traits::kVtStages;
   static constexpr int kLoadParts = Traits::kLoadParts;
 
   // The load part (see Traits::kLoadParts) holding the values of output half `half`.
@@ -152,7 +153,7 @@ struct DecodeKernel {
   struct SharedLayout {
     uint8_t q[kTileBytes];
     uint8_t k[kKStages][kTileBytes];
-    uint8_t vt[kVtStages * kVtStageBytes + (Traits::kFp8 ? 0 : 16)];  // BF16 has no V^T
+    uint8_t vt[Traits::kFp8 ? kVtBytes : 16];  // BF16 has no V^T
     uint4 message_probs[kMessageProbBytes / 16];
     float2 message_sums[kMessageSumBytes / 8];
     float message_max[kTileRows];
@@ -231,16 +232,16 @@ struct DecodeKernel {
   }
 
   // FP8 V transpose (by the consumers): each consumer transposes its half of the block's values
-  // (half 0 = dims 0..255, half 1 = 256..511) into its own V^T buffer, warp w taking token group
+  // (half 0 = dims 0..255, half 1 = 256..511) into its own half of V^T, warp w taking token group
   // w, in 8 steps of 32 dims (sm90/attention/fp8_transpose.cuh: the V^T positions follow the P
   // fragment's register order, so P never moves between threads). Four steps' loads are in
   // flight together (8 spills at 240 registers with more).
   static constexpr int kTransposeBatch = 4;
   template <bool kMasked>
-  static __device__ void transpose_values(uint32_t k_stage, uint32_t vt_stage, int valid, int half, int warp,
+  static __device__ void transpose_values(uint32_t k_stage, uint32_t vt, int valid, int half, int warp,
                                           int lane) {
     sm90::attention::transpose_fp8_values<kChunkBytes, kVtCoreStride, kVtGroupStride, 8, kTransposeBatch, kMasked>(
-        k_stage, 4 * half, vt_stage, 32 * half, warp, valid, lane);
+        k_stage, 4 * half, vt, 32 * half, warp, valid, lane);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ struct DecodeKernel {
   static __device__ void issue_values(const Smem& s, int j, int half, const uint32_t (&probs)[kPRegs], float (&acc)[128]) {
     static_assert(kFirstStep >= 0 && kSteps > 0 && kFirstStep + kSteps <= kValueSteps);
     if constexpr (Traits::kFp8) {
-      const uint8_t* vt = s.vt + (j % kVtStages) * kVtStageBytes + half * (kHalfValueDim / 8) * kVtGroupStride;
+      const uint8_t* vt = s.vt + half * (kHalfValueDim / 8) * kVtGroupStride;
       const uint64_t desc = sm90::make_smem_desc(vt, kVtCoreStride, kVtGroupStride, sm90::SmemLayout::kInterleave);
 #pragma unroll
       for (int step = kFirstStep; step < kFirstStep + kSteps; ++step)
@@ -385,8 +386,8 @@ struct DecodeKernel {
   }
 
   // Makes this consumer's value half of block j readable by its P·V wgmma. FP8: transposes it
-  // into the consumer's own half of V^T stage j % kVtStages (the previous P·V on that buffer
-  // has completed), then releases the K stage: the consumer's scores of the block, if it
+  // into the consumer's own half of V^T (its previous P·V, which read that half, has
+  // completed), then releases the K stage: the consumer's scores of the block, if it
   // scored it, completed before. BF16: values are the K stage's rows; those past seq_len are
   // zeroed (score wgmmas of the other consumer may still read them: they are masked there, so
   // either value is harmless).
@@ -396,9 +397,9 @@ struct DecodeKernel {
     if constexpr (Traits::kFp8) {
       const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
       const uint32_t k_stage = sm90::smem_u32(s.k + stage * kTileBytes);
-      const uint32_t vt_stage = sm90::smem_u32(s.vt + (j % kVtStages) * kVtStageBytes);
-      if (valid < kBlockTokens) transpose_values<true>(k_stage, vt_stage, valid, half, warp, lane);
-      else transpose_values<false>(k_stage, vt_stage, valid, half, warp, lane);
+      const uint32_t vt = sm90::smem_u32(s.vt);
+      if (valid < kBlockTokens) transpose_values<true>(k_stage, vt, valid, half, warp, lane);
+      else transpose_values<false>(k_stage, vt, valid, half, warp, lane);
       sm90::fence_proxy_async_smem();
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(&s.kfree[stage * kLoadParts]);
@@ -625,8 +626,8 @@ struct DecodeKernel {
   static __device__ void consumer_warpgroup(const DecodeParams& p, const Smem& s, int row_tile, int part, int me) {
     constexpr bool kSeesaw = Traits::kSeesaw;
     // A consumer waits for its next scores' K stage right after its P·V: in the seesaw that
-    // stage must not wait on the P·V (three K stages, values apart).
-    static_assert(!kSeesaw || Traits::kFp8, "the seesaw needs V^T buffers apart from the K stages");
+    // stage must not wait on the P·V (four K stages, values apart).
+    static_assert(!kSeesaw || Traits::kFp8, "the seesaw needs a V^T buffer apart from the K stages");
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const RowInfo rows = row_info(p, row_tile, warp, lane);
     constexpr float kBias = Traits::kProbabilityLog2Bias;
@@ -698,6 +699,17 @@ struct DecodeKernel {
       sm90::fence_registers(their_probs);
       if constexpr (Traits::kRopeInRegisters) sm90::fence_registers(rope);
     };
+    // The seesaw's receiver, before it overwrites its half of V^T: waits for its P·V of the
+    // block before, which reads that half, and leaves the group committed after it (the scores
+    // of its next block) in flight. (Where the scorer's step issued no scores, the receiver
+    // retires everything instead: an empty group committed there made ptxas serialise every
+    // wgmma.)
+    auto retire_values = [&] {
+      sm90::wgmma_wait<1>();
+      sm90::fence_registers(acc);
+      sm90::fence_registers(my_probs);
+      sm90::fence_registers(their_probs);
+    };
     auto issue_block_values = [&](int j_block, const uint32_t (&probs)[kPRegs]) {
       sm90::wgmma_fence();
       issue_values(s, j_block, me, probs, acc);
@@ -744,8 +756,10 @@ struct DecodeKernel {
         sm90::attention::pack_probabilities<Traits::kFp8>(probabilities, my_probs);
         if constexpr (Traits::kFp8) sm90::attention::fp8_probability_row_sums(my_probs, block_sums.weights);
         send(new_max, block_sums);
+        // P·V(b-1), which read the half of V^T transposed next: S(b) was read by the softmax,
+        // S(b + 2) comes below.
+        retire_wgmmas(false);
         prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
-        retire_wgmmas(false);  // P·V(b-1): S(b) was read by the softmax, S(b + 2) comes below
         advance_softmax(acc, row_max, row_sums, new_max, block_sums);
         issue_block_values(j_block, my_probs);
         if (b + 2 < num_blocks) issue_block_scores(j_block + 2);
@@ -754,9 +768,12 @@ struct DecodeKernel {
         const int j_block = j + b, block = piece.block_begin + b;
         float new_max[2];
         RowSums block_sums;
+        // P·V(b-1); S(b+1), where the scorer issued it, runs on.
+        if (b + 1 < num_blocks) retire_values();
+        else retire_wgmmas();
         // While the scorer runs its softmax: this half of the values.
         prepare_values(s, j_block, valid_tokens_in_block(seq_len, block), me);
-        retire_wgmmas();  // P·V(b-1) and S(b+1)
+        retire_wgmmas();  // S(b+1)
         receive(new_max, block_sums);
         advance_softmax(acc, row_max, row_sums, new_max, block_sums);
         issue_block_values(j_block, their_probs);

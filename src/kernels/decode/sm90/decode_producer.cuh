@@ -100,7 +100,7 @@ struct DecodeProducer {
   // Pages below min_tma_page_tokens: producer warp w < kKStages · kCopyWarpsPerStage owns K
   // stage w % kKStages and copies rows of every block that goes there (blocks w, w + kKStages,
   // ... of the part) with cp.async, into the swizzled layout TMA writes for larger pages: all
-  // of them (FP8: three stages, one warp each), or (BF16: two stages, two warps each) the half
+  // of them (FP8: four stages, one warp each), or (BF16: two stages, two warps each) the half
   // of the rows w / kKStages names, so that each part of a block lands in half the time. A page
   // id outside [0, num_pages) reads zeros, as TMA's bounds check gives the larger pages.
   //
