@@ -58,7 +58,7 @@ namespace speedmla::kernels::decode_sm90 {
 struct Fp8Traits : Fp8Format {
   // Four K stages beside one V^T buffer (each consumer rewrites its half of it once its
   // previous P·V has retired). Three stages and two V^T buffers took the same time with TMA
-  // pages and 4-5 % longer with copied rows (page 16, on the H200), whose loads take longer.
+  // pages and 3-5 % longer with copied rows (page 16, on the H200), whose loads take longer.
   static constexpr int kKStages = 4;
   static constexpr int kMmaK = 32;  // K of one wgmma, in elements (32 bytes)
   // The consumers take turns scoring blocks (the seesaw). V^T has its own buffer, so K
