@@ -21,6 +21,12 @@ one more column times mla_decode with its planner inside the call (BF16, page 64
 cells back to back, as a server runs its layers. The SM clock, power and throttle reasons are
 sampled while each cell runs. One check first: speedmla BF16 against FlashMLA on a small case.
 
+--sustained S times each implementation alone, its calls back to back for S seconds (after a
+quarter of that to warm up), each after an L2 flush and timed by its own events, with no pause
+for the host: the board then sits at its power limit, as under a server's sustained load, and
+the SM clock and instantaneous power are sampled per implementation; the cells run back to back
+(with --rest-ms, rested before each). Energy a call = median power × median time.
+
 --fixed-costs (issue 13 item 4) replaces the timing by a kernel trace (torch.profiler, CUPTI's
 kernel records) of --iters calls per cell: for speedmla on its reused plan and for FlashMLA, how
 long the call runs past the end of its attention kernel (the combine's share of the call), and
@@ -33,7 +39,7 @@ Run from the repository root on the GPU machine, after building the peer
   tar xzf build-peer/flashmla.tgz -C build-peer && bash build-peer/flashmla/build.sh
   PYTHONPATH=build/python-packages:.deps/pip:python:build-peer/flashmla \
   SPEEDMLA_LIBRARY=build/libspeedmla_tvm_ffi.so TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
-    python3 bench/decode_peer.py [--iters 20] [--rest-ms 0] [--quick] [--fixed-costs]
+    python3 bench/decode_peer.py [--iters 20] [--rest-ms 0] [--quick] [--fixed-costs | --sustained S]
 """
 
 import argparse
@@ -121,6 +127,35 @@ class Cell:
             "bf16 p32": with_plan(make_plan(table32, "bfloat16", PAGE // 2), q, cache32, table32),
             "fp8 p64": with_plan(make_plan(table, "float8_e4m3fn", PAGE), q8, pool.fp8, table),
         }
+
+
+SUSTAINED = ("flashmla", "bf16 p64", "bf16 p32", "fp8 p64")  # the columns of --sustained
+
+
+def sustained_cell(pool, timer, batch, s_k, heads, q_len, seconds, generator):
+    """{name: (median ms, median MHz, median W) or the exception its call raised} for SUSTAINED."""
+    calls, results = Cell(pool, batch, s_k, heads, q_len, generator).calls, {}
+    for name in SUSTAINED:
+        try:
+            ms, sampler = timer.sustained(calls[name], seconds)
+        except Exception as error:  # a refused or unsupported call: reported, not fatal
+            results[name] = error
+            continue
+        clock, power = sampler.medians() or (float("nan"), float("nan"))
+        results[name] = (ms, clock, power)
+    return results
+
+
+def sustained_row(results):
+    """The table cells after B, s_k, H, q for one --sustained cell."""
+    times = {name: r[0] if isinstance(r, tuple) else r for name, r in results.items()}
+    def per_impl(index, fmt):
+        return " / ".join(fmt.format(r[index]) if isinstance(r, tuple) else "—" for r in results.values())
+    energy = " / ".join(f"{r[0] * r[2] / 1000:.2f}" if isinstance(r, tuple) else "—" for r in results.values())
+    flashmla = times["flashmla"]
+    return (f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}",
+            ratio(times, "bf16 p64"), ratio(times, "bf16 p32"), ratio(times, "fp8 p64"),
+            per_impl(1, "{:.0f}"), per_impl(2, "{:.0f}"), energy)
 
 
 def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
@@ -216,6 +251,14 @@ def check(pool, generator):
         raise SystemExit("mla_decode_with_plan differs from mla_decode: the timed calls would not be what engines get")
 
 
+def fp8_rates(batch, s_k, heads, q_len, ms):
+    """"TB/s | TFLOP/s" of an FP8 call of `ms` by performance.md's formulas; dashes without a time."""
+    if ms is None:
+        return "— | —"
+    return (f"{decode_bytes(batch, s_k, heads, q_len, 1) / (ms * 1e-3) / 1e12:.2f} | "
+            f"{decode_flops(batch, s_k, heads, q_len) / (ms * 1e-3) / 1e12:.0f}")
+
+
 def ratio(times, name):
     t, peer = times.get(name), times["flashmla"]
     if not isinstance(t, float):
@@ -231,7 +274,11 @@ def main():
                         help="s_k 8K, the seed's shape and the few long requests only")
     parser.add_argument("--fixed-costs", action="store_true",
                         help="trace the kernels instead: the combine's and the planner's share of a call")
+    parser.add_argument("--sustained", type=float, default=0, metavar="S",
+                        help="time each implementation alone, back to back for S seconds, at the power limit")
     args = parser.parse_args()
+    if args.fixed_costs and args.sustained:
+        parser.error("--fixed-costs and --sustained are two different runs: choose one")
 
     generator = torch.Generator(device="cuda").manual_seed(2026)
     pool = Pool(128 * 32768, generator)
@@ -246,6 +293,14 @@ def main():
         print("| B | s_k | H | q | speedmla bf16 p64 combine | speedmla fp8 p64 combine | FlashMLA combine "
               "| speedmla planner (BF16 p64) |")
         print("|---|---|---|---|---|---|---|---|")
+    elif args.sustained:
+        print(f"\ndecode under sustained load, cells {mode}; ms, median call of each implementation run "
+              f"alone back to back for {args.sustained:g} s (after {args.sustained / 4:g} s of warm-up), "
+              "L2 flushed before each call; (×) = time / FlashMLA's time; SM clock, instantaneous power "
+              "and energy a call, each as FlashMLA / bf16 p64 / bf16 p32 / fp8 p64")
+        print("| B | s_k | H | q | FlashMLA bf16 p64 | speedmla bf16 p64 | speedmla bf16 p32 | speedmla fp8 p64 "
+              "| fp8 TB/s | fp8 TFLOP/s | SM MHz | W | mJ a call |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     else:
         print(f"\ndecode, {mode}; ms, median of {args.iters} interleaved calls, L2 flushed; "
               "(×) = time / FlashMLA's time, below 1 is faster; speedmla on a plan made once per cell "
@@ -260,11 +315,16 @@ def main():
             print(f"| {batch} | {s_k} | {heads} | {q_len} | "
                   f"{fixed_costs(pool, timer, batch, s_k, heads, q_len, args.iters, generator)} |", flush=True)
             continue
+        if args.sustained:
+            results = sustained_cell(pool, timer, batch, s_k, heads, q_len, args.sustained, generator)
+            flashmla, bf16, bf16_p32, fp8, clocks, powers, energies = sustained_row(results)
+            fp8_ms = results["fp8 p64"][0] if isinstance(results["fp8 p64"], tuple) else None
+            print(f"| {batch} | {s_k} | {heads} | {q_len} | {flashmla} | {bf16} | {bf16_p32} | {fp8} | "
+                  f"{fp8_rates(batch, s_k, heads, q_len, fp8_ms)} | {clocks} | {powers} | {energies} |", flush=True)
+            continue
         times, state = cell(pool, timer, batch, s_k, heads, q_len, args.iters, generator)
         fp8 = times.get("fp8 p64")
-        rates = (f"{decode_bytes(batch, s_k, heads, q_len, 1) / (fp8 * 1e-3) / 1e12:.2f} | "
-                 f"{decode_flops(batch, s_k, heads, q_len) / (fp8 * 1e-3) / 1e12:.0f}") if isinstance(fp8, float) \
-            else "— | —"
+        rates = fp8_rates(batch, s_k, heads, q_len, fp8 if isinstance(fp8, float) else None)
         flashmla = times["flashmla"]
         flashmla_text = f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}"
         print(f"| {batch} | {s_k} | {heads} | {q_len} | {flashmla_text} | {ratio(times, 'bf16 p64')} | "

@@ -5,6 +5,7 @@
 # runs the harness with the given arguments, e.g.
 #   scripts/decode-peer.sh --rest-ms 0        # back to back, the whole grid
 #   scripts/decode-peer.sh --rest-ms 1000     # rested
+#   scripts/decode-peer.sh --sustained 0.8    # each implementation alone, at the board's power limit
 #   scripts/decode-peer.sh --quick --fixed-costs  # the combine's and the planner's share (kernel trace)
 # With the device tool, carry build, .whl (tvm_ffi) and build-peer/flashmla.tgz.
 set -euo pipefail
