@@ -151,7 +151,7 @@ def sustained_row(results):
     times = {name: r[0] if isinstance(r, tuple) else r for name, r in results.items()}
     def per_impl(index, fmt):
         return " / ".join(fmt.format(r[index]) if isinstance(r, tuple) else "—" for r in results.values())
-    energy = " / ".join(f"{r[0] * r[2] / 1000:.2f}" if isinstance(r, tuple) else "—" for r in results.values())
+    energy = " / ".join(f"{r[0] * r[2]:.0f}" if isinstance(r, tuple) else "—" for r in results.values())  # ms·W = mJ
     flashmla = times["flashmla"]
     return (f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}",
             ratio(times, "bf16 p64"), ratio(times, "bf16 p32"), ratio(times, "fp8 p64"),
