@@ -21,11 +21,12 @@ one more column times mla_decode with its planner inside the call (BF16, page 64
 cells back to back, as a server runs its layers. The SM clock, power and throttle reasons are
 sampled while each cell runs. One check first: speedmla BF16 against FlashMLA on a small case.
 
---sustained S times each implementation alone, its calls back to back for S seconds (after a
-quarter of that to warm up), each after an L2 flush and timed by its own events, with no pause
-for the host: the board then sits at its power limit, as under a server's sustained load, and
-the SM clock and instantaneous power are sampled per implementation; the cells run back to back
-(with --rest-ms, rested before each). Energy a call = median power × median time.
+--sustained S times each implementation alone, its calls back to back (after a quarter of the
+window to warm up), each after an L2 flush and timed by its own events, with no pause for the
+host: the board then sits at its power limit, as under a server's sustained load, and the SM
+clock and instantaneous power are sampled per implementation. Two windows of S/2 seconds each,
+the implementations in one order then the other; the cells run back to back (with --rest-ms,
+rested before each). Energy a call = median power × median time.
 
 --fixed-costs (issue 13 item 4) replaces the timing by a kernel trace (torch.profiler, CUPTI's
 kernel records) of --iters calls per cell: for speedmla on its reused plan and for FlashMLA, how
@@ -133,22 +134,31 @@ SUSTAINED = ("flashmla", "bf16 p64", "bf16 p32", "fp8 p64")  # the columns of --
 
 
 def sustained_cell(pool, timer, batch, s_k, heads, q_len, seconds, generator):
-    """{name: (median ms, median MHz, median W) or the exception its call raised} for SUSTAINED."""
-    calls, results = Cell(pool, batch, s_k, heads, q_len, generator).calls, {}
-    for name in SUSTAINED:
+    """{name: (ms, MHz, W) or the exception its call raised} for SUSTAINED: each implementation
+    timed twice, S/2 seconds in SUSTAINED's order, then S/2 in the reverse order, so that a board
+    that heats up through the cell favours no column; each figure the mean of the two medians."""
+    calls, windows = Cell(pool, batch, s_k, heads, q_len, generator).calls, {name: [] for name in SUSTAINED}
+    for name in SUSTAINED + SUSTAINED[::-1]:
+        if windows[name] and not isinstance(windows[name][0], tuple):
+            continue  # its first window failed
         try:
-            ms, sampler = timer.sustained(calls[name], seconds)
+            ms, sampler = timer.sustained(calls[name], seconds / 2)
         except Exception as error:  # a refused or unsupported call: reported, not fatal
-            results[name] = error
+            windows[name].append(error)
             continue
         clock, power = sampler.medians() or (float("nan"), float("nan"))
-        results[name] = (ms, clock, power)
-    return results
+        windows[name].append((ms, clock, power))
+
+    def merged(w):
+        timed = [x for x in w if isinstance(x, tuple)]
+        return tuple(statistics.fmean(v) for v in zip(*timed)) if timed else w[0]
+    return {name: merged(w) for name, w in windows.items()}
 
 
 def sustained_row(results):
     """The table cells after B, s_k, H, q for one --sustained cell."""
     times = {name: r[0] if isinstance(r, tuple) else r for name, r in results.items()}
+
     def per_impl(index, fmt):
         return " / ".join(fmt.format(r[index]) if isinstance(r, tuple) else "—" for r in results.values())
     energy = " / ".join(f"{r[0] * r[2]:.0f}" if isinstance(r, tuple) else "—" for r in results.values())  # ms·W = mJ
@@ -295,7 +305,8 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
     elif args.sustained:
         print(f"\ndecode under sustained load, cells {mode}; ms, median call of each implementation run "
-              f"alone back to back for {args.sustained:g} s (after {args.sustained / 4:g} s of warm-up), "
+              f"alone back to back, mean of two {args.sustained / 2:g} s windows in opposite orders (each after "
+              f"{args.sustained / 8:g} s of warm-up), "
               "L2 flushed before each call; (×) = time / FlashMLA's time; SM clock, instantaneous power "
               "and energy a call, each as FlashMLA / bf16 p64 / bf16 p32 / fp8 p64")
         print("| B | s_k | H | q | FlashMLA bf16 p64 | speedmla bf16 p64 | speedmla bf16 p32 | speedmla fp8 p64 "
