@@ -55,9 +55,9 @@ class GpuSampler:
         if not self.samples:
             return "clock/power n/a"
         reasons = sorted({r for _, _, r in self.samples})
-        clocks = [c for c, _, _ in self.samples]
-        return (f"SM {statistics.median(clocks):.0f} MHz (min {min(clocks):.0f}), "
-                f"{statistics.median(p for _, p, _ in self.samples):.0f} W, throttle {'/'.join(reasons)}")
+        clock, power = self.medians()
+        return (f"SM {clock:.0f} MHz (min {min(c for c, _, _ in self.samples):.0f}), "
+                f"{power:.0f} W, throttle {'/'.join(reasons)}")
 
 
 class Timer:

@@ -691,24 +691,25 @@ struct DecodeKernel {
     // the next S would overwrite them in flight; ptxas would then serialise every wgmma.
     // `scores_live` false: no wgmma writes the scores now, so they need not stay live across
     // the wait (the seesaw's scorer, between its softmax of S(b) and the issue of S(b + 2)).
-    auto retire_wgmmas = [&](bool scores_live = true) {
-      sm90::wgmma_wait<0>();
+    auto fence_value_registers = [&] {
       sm90::fence_registers(acc);
-      if (scores_live) sm90::fence_registers(scores);
       sm90::fence_registers(my_probs);
       sm90::fence_registers(their_probs);
+    };
+    auto retire_wgmmas = [&](bool scores_live = true) {
+      sm90::wgmma_wait<0>();
+      fence_value_registers();
+      if (scores_live) sm90::fence_registers(scores);
       if constexpr (Traits::kRopeInRegisters) sm90::fence_registers(rope);
     };
     // The seesaw's receiver, before it overwrites its half of V^T: waits for its P·V of the
     // block before, which reads that half, and leaves the group committed after it (the scores
-    // of its next block) in flight. (Where the scorer's step issued no scores, the receiver
-    // retires everything instead: an empty group committed there made ptxas serialise every
-    // wgmma.)
+    // of its next block, whose registers are not fenced: they are still being written) in
+    // flight. (Where the scorer's step issued no scores, the receiver retires everything
+    // instead: an empty group committed there made ptxas serialise every wgmma.)
     auto retire_values = [&] {
       sm90::wgmma_wait<1>();
-      sm90::fence_registers(acc);
-      sm90::fence_registers(my_probs);
-      sm90::fence_registers(their_probs);
+      fence_value_registers();
     };
     auto issue_block_values = [&](int j_block, const uint32_t (&probs)[kPRegs]) {
       sm90::wgmma_fence();
