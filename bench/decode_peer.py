@@ -159,13 +159,13 @@ def sustained_row(results):
     """The table cells after B, s_k, H, q for one --sustained cell."""
     times = {name: r[0] if isinstance(r, tuple) else r for name, r in results.items()}
 
-    def per_impl(index, fmt):
-        return " / ".join(fmt.format(r[index]) if isinstance(r, tuple) else "—" for r in results.values())
-    energy = " / ".join(f"{r[0] * r[2]:.0f}" if isinstance(r, tuple) else "—" for r in results.values())  # ms·W = mJ
+    def per_impl(value):  # value(ms, MHz, W), "—" for a failed implementation
+        return " / ".join(f"{value(*r):.0f}" if isinstance(r, tuple) else "—" for r in results.values())
     flashmla = times["flashmla"]
     return (f"{flashmla:.3f}" if isinstance(flashmla, float) else f"failed: {flashmla}",
             ratio(times, "bf16 p64"), ratio(times, "bf16 p32"), ratio(times, "fp8 p64"),
-            per_impl(1, "{:.0f}"), per_impl(2, "{:.0f}"), energy)
+            per_impl(lambda ms, mhz, w: mhz), per_impl(lambda ms, mhz, w: w),
+            per_impl(lambda ms, mhz, w: ms * w))  # ms·W = mJ
 
 
 def cell(pool, timer, batch, s_k, heads, q_len, iters, generator):
