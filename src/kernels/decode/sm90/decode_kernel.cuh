@@ -365,24 +365,50 @@ struct DecodeKernel {
     }
   }
 
+  // The BF16 scorer's probabilities of K steps kFirstStep .. kFirstStep + kSteps - 1 (kMmaK
+  // tokens each), 2^(s·scale - base), straight into the P·V fragments, and their share of the
+  // row sums added to `sums`. The scores stay as they are: the scorer exponentiates its first
+  // steps before it knows the block's maxima, and must start again from the scores when they
+  // move (see consumer_warpgroup).
+  template <int kFirstStep, int kSteps>
+  static __device__ void exponentiate_steps(const DecodeParams& p, const float (&scores)[32],
+                                            const float (&exponent_base)[2], uint32_t (&probs)[kPRegs],
+                                            float (&sums)[2]) {
+    static_assert(!Traits::kFp8 && kFirstStep >= 0 && kSteps > 0 && kFirstStep + kSteps <= kValueSteps);
+    const float score_scale_log2 = p.score_scale_log2;
+#pragma unroll
+    for (int step = kFirstStep; step < kFirstStep + kSteps; ++step) {
+      // Registers 8 step + {0, 1, 4, 5} are row 0's, + {2, 3, 6, 7} row 1's (accumulator.cuh).
+      float q[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+        q[r] = sm90::fast_exp2(fmaf(scores[8 * step + r], score_scale_log2, -exponent_base[(r / 2) % 2]));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) probs[4 * step + k] = sm90::pack_bf16x2(q[2 * k], q[2 * k + 1]);
+      sums[0] += (q[0] + q[1]) + (q[4] + q[5]);
+      sums[1] += (q[2] + q[3]) + (q[6] + q[7]);
+    }
+  }
+
   // The BF16 scorer's P·V (consumer_warpgroup) from K step kFirstStep on, as its probabilities
-  // are computed: exponentiates the scores of kScorerValueSteps steps, packs them and issues
-  // their wgmmas, then the next steps' while those run, so that the tensor cores start on the
-  // block's first tokens during the exponentials of its last (1 % faster at H = 128 than the
-  // whole P·V after all of them; two steps a part measured alike). The caller has rescaled
-  // the output to the block's maxima and made the values readable; it commits the group.
+  // are computed: exponentiates the scores of kScorerValueSteps steps and issues their wgmmas,
+  // then the next steps' while those run, so that the tensor cores start on the block's first
+  // tokens during the exponentials of its last (1 % faster at H = 128 than the whole P·V after
+  // all of them; two steps a part measured alike). The caller has rescaled the output to the
+  // block's maxima and made the values readable; it commits the group.
   static constexpr int kScorerValueSteps = 1;
+  // K steps the BF16 scorer exponentiates before it knows whether the block moves its maxima.
+  static constexpr int kSpeculativeSteps = 2;
   template <int kFirstStep>
   static __device__ void issue_values_as_exponentiated(const DecodeParams& p, const Smem& s, int j, int half,
-                                                       const float (&exponent_base)[2], float (&scores)[32],
-                                                       uint32_t (&probs)[kPRegs], float (&acc)[128]) {
-    constexpr int kRegs = sm90::attention::kScoreRegsPerValueStep<Traits::kFp8>;
-    exponentiate<kFirstStep * kRegs, kScorerValueSteps * kRegs>(p, scores, exponent_base);
-    sm90::attention::pack_probability_steps<Traits::kFp8, kFirstStep, kScorerValueSteps>(scores, probs);
+                                                       const float (&exponent_base)[2], const float (&scores)[32],
+                                                       uint32_t (&probs)[kPRegs], float (&sums)[2], float (&acc)[128]) {
+    exponentiate_steps<kFirstStep, kScorerValueSteps>(p, scores, exponent_base, probs, sums);
     sm90::wgmma_fence();
     issue_values<kFirstStep, kScorerValueSteps>(s, j, half, probs, acc);
     if constexpr (kFirstStep + kScorerValueSteps < kValueSteps)
-      issue_values_as_exponentiated<kFirstStep + kScorerValueSteps>(p, s, j, half, exponent_base, scores, probs, acc);
+      issue_values_as_exponentiated<kFirstStep + kScorerValueSteps>(p, s, j, half, exponent_base, scores, probs, sums,
+                                                                   acc);
   }
 
   // Makes this consumer's value half of block j readable by its P·V wgmma. FP8: transposes it
@@ -502,18 +528,17 @@ struct DecodeKernel {
   // Online softmax (base 2) of one block's scores, `block_scores`, into `probabilities` (the same
   // array, or registers of the caller's own: the seesaw's scorer writes them apart from the
   // registers its S wgmma wrote, which lets ptxas run this softmax under the scorer's P·V(b-1);
-  // written in place there, ptxas serialised every wgmma, C7515), in three steps that the BF16
-  // scorer interleaves with its P·V (consumer_warpgroup):
-  // - block_maxima masks keys past each row's limit (with context parallelism, the rank's
-  //   bound: context_parallel_limit) and finds the new row maxima (returned) and the exponents'
-  //   base. A row's max moves only when the block exceeds it by more than kMaxSlackLog2 (the
-  //   sums and outputs are relative to whichever max is used, so the result is the same);
+  // written in place there, ptxas serialised every wgmma, C7515), in steps that the BF16
+  // scorer takes apart and interleaves with its P·V (consumer_warpgroup):
+  // - mask_block copies the scores and masks keys past each row's limit (with context
+  //   parallelism, the rank's bound: context_parallel_limit) to -inf;
+  // - block_maxima finds the new row maxima (returned) and the exponents' base. A row's max
+  //   moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs are
+  //   relative to whichever max is used, so the result is the same);
   // - exponentiate turns registers [kFirst, kFirst + kCount) of the scores into probabilities;
   // - block_row_sums fills the block's exact sums (and, for BF16, the weights: see RowSums).
-  static __device__ void block_maxima(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
-                                      const float (&row_max)[2], float (&new_max)[2], float (&exponent_base)[2],
-                                      const int (&limit)[2], int block, int request, int seq_len) {
-    constexpr float kBias = Traits::kProbabilityLog2Bias;
+  static __device__ void mask_block(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
+                                    const int (&limit)[2], int block, int request, int seq_len) {
     const int quad_col = 2 * (threadIdx.x % 4);
 #pragma unroll
     for (int r = 0; r < 32; ++r) probabilities[r] = block_scores[r];
@@ -532,6 +557,11 @@ struct DecodeKernel {
           if (token >= bound[1]) probabilities[4 * n + 2 + e] = -INFINITY;
         }
     }
+  }
+
+  static __device__ void block_maxima(const DecodeParams& p, const float (&probabilities)[32], const float (&row_max)[2],
+                                      float (&new_max)[2], float (&exponent_base)[2]) {
+    constexpr float kBias = Traits::kProbabilityLog2Bias;
     const float score_scale_log2 = p.score_scale_log2;
     // Maxima and sums as trees (depth 4 instead of 16 dependent instructions): the softmax is
     // on the path from one block's scores to the next P·V.
@@ -569,7 +599,8 @@ struct DecodeKernel {
                                        const float (&row_max)[2], float (&new_max)[2], RowSums& block_sums,
                                        const int (&limit)[2], int block, int request, int seq_len) {
     float exponent_base[2];
-    block_maxima(p, block_scores, probabilities, row_max, new_max, exponent_base, limit, block, request, seq_len);
+    mask_block(p, block_scores, probabilities, limit, block, request, seq_len);
+    block_maxima(p, probabilities, row_max, new_max, exponent_base);
     exponentiate(p, probabilities, exponent_base);
     block_row_sums(probabilities, block_sums);
   }
@@ -804,14 +835,38 @@ struct DecodeKernel {
             // consumer 1, so that consumer 1's P·V of the block runs on the tensor cores during
             // the softmax of b+1, not before that part.
             retire_wgmmas();
-            float exponent_base[2], factor[2];
-            block_maxima(p, scores, scores, row_max, new_max, exponent_base, limit, block, piece.request, seq_len);
-            rescale_factors(row_max, new_max, factor);
-            rescale_to_maxima(acc, row_max, new_max, factor);
+            mask_block(p, scores, scores, limit, block, piece.request, seq_len);
+            // The probabilities of the first kSpeculativeSteps K steps are computed against the
+            // running maxima before the block's maxima are known: a row's max moves only when
+            // the block exceeds it by more than the slack, rare after a piece's first block, and
+            // the maxima's reductions and shuffles then run among those exponentials rather
+            // than before them. A warp in which a row's max does move starts again from the
+            // scores (the same probabilities as without the guess).
+            float exponent_base[2], factor[2] = {1.f, 1.f}, sums[2] = {0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) exponent_base[i] = sm90::attention::exponent_base(row_max[i], kBias);
+            exponentiate_steps<0, kSpeculativeSteps>(p, scores, exponent_base, my_probs, sums);
+            float moved_base[2];
+            block_maxima(p, scores, row_max, new_max, moved_base);
+            if (__any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1])) {
+              rescale_factors(row_max, new_max, factor);
+              sm90::attention::scale_rows<false>(acc, factor[0], factor[1]);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                exponent_base[i] = moved_base[i];
+                sums[i] = 0.f;
+              }
+              exponentiate_steps<0, kSpeculativeSteps>(p, scores, exponent_base, my_probs, sums);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) row_max[i] = new_max[i];
             prepare_values(s, j_block, valid, me);
-            issue_values_as_exponentiated<0>(p, s, j_block, me, exponent_base, scores, my_probs, acc);
+            sm90::wgmma_fence();
+            issue_values<0, kSpeculativeSteps>(s, j_block, me, my_probs, acc);
+            issue_values_as_exponentiated<kSpeculativeSteps>(p, s, j_block, me, exponent_base, scores, my_probs, sums,
+                                                             acc);
             sm90::wgmma_commit();
-            block_row_sums(scores, block_sums);
+            block_sums = {{sums[0], sums[1]}, {sums[0], sums[1]}};
             add_block_sums(row_sums, factor, block_sums);
             write_message(new_max, block_sums);  // while the P·V runs
             retire_wgmmas();
