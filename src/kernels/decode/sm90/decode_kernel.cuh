@@ -535,7 +535,7 @@ struct DecodeKernel {
   // - block_maxima finds the new row maxima (returned) and the exponents' base. A row's max
   //   moves only when the block exceeds it by more than kMaxSlackLog2 (the sums and outputs are
   //   relative to whichever max is used, so the result is the same);
-  // - exponentiate turns registers [kFirst, kFirst + kCount) of the scores into probabilities;
+  // - exponentiate turns the scores into probabilities (the BF16 scorer: exponentiate_steps);
   // - block_row_sums fills the block's exact sums (and, for BF16, the weights: see RowSums).
   static __device__ void mask_block(const DecodeParams& p, const float (&block_scores)[32], float (&probabilities)[32],
                                     const int (&limit)[2], int block, int request, int seq_len) {
@@ -577,12 +577,10 @@ struct DecodeKernel {
     }
   }
 
-  template <int kFirst = 0, int kCount = 32>
   static __device__ void exponentiate(const DecodeParams& p, float (&probabilities)[32], const float (&exponent_base)[2]) {
-    static_assert(kFirst % 4 == 0 && kCount % 4 == 0 && kFirst + kCount <= 32, "whole column groups of both rows");
     const float score_scale_log2 = p.score_scale_log2;
 #pragma unroll
-    for (int r = kFirst; r < kFirst + kCount; ++r)
+    for (int r = 0; r < 32; ++r)
       probabilities[r] = sm90::fast_exp2(fmaf(probabilities[r], score_scale_log2, -exponent_base[(r / 2) % 2]));
   }
 
@@ -623,11 +621,15 @@ struct DecodeKernel {
     }
   }
 
+  // Whether any row of the warp moves its max, from the maxima rather than the factors, so that
+  // the vote does not wait for the factors' exponentials.
+  static __device__ bool warp_maxima_move(const float (&row_max)[2], const float (&new_max)[2]) {
+    return __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
+  }
+
   static __device__ void rescale_to_maxima(float (&acc)[128], float (&row_max)[2], const float (&new_max)[2],
                                            const float (&factor)[2]) {
-    // Whether any row of the warp moves its max, from the maxima rather than the factors, so that
-    // the vote does not wait for the factors' exponentials.
-    const bool moved = __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
+    const bool moved = warp_maxima_move(row_max, new_max);
 #pragma unroll
     for (int i = 0; i < 2; ++i) row_max[i] = new_max[i];
     if (moved) sm90::attention::scale_rows<false>(acc, factor[0], factor[1]);
@@ -848,7 +850,7 @@ struct DecodeKernel {
             exponentiate_steps<0, kSpeculativeSteps>(p, scores, exponent_base, my_probs, sums);
             float moved_base[2];
             block_maxima(p, scores, row_max, new_max, moved_base);
-            if (__any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1])) {
+            if (warp_maxima_move(row_max, new_max)) {
               rescale_factors(row_max, new_max, factor);
               sm90::attention::scale_rows<false>(acc, factor[0], factor[1]);
 #pragma unroll
