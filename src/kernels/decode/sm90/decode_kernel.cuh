@@ -38,6 +38,7 @@
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/decode_producer.cuh"
 #include "kernels/decode/sm90/fp8_format.cuh"
+#include "kernels/decode/sm90/output_rows.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
@@ -248,14 +249,6 @@ struct DecodeKernel {
   // Consumers
   // ---------------------------------------------------------------------------------------
 
-  // Rows of this thread in the tile: r0 and r0 + 8 (wgmma accumulator layout).
-  struct RowInfo {
-    int local[2];     // row within the tile
-    bool valid[2];    // row < num_rows
-    int token[2];     // query token t of the row
-    int head[2];
-  };
-
   // A thread's share (its 16 columns) of its two rows' softmax sums: `exact` of the
   // probabilities as computed, for the LSE; `weights` of the probabilities as the P·V
   // multiplies them, the output's normaliser, so that each output row is a weighted mean with
@@ -267,19 +260,6 @@ struct DecodeKernel {
     float exact[2];
     float weights[2];
   };
-
-  static __device__ RowInfo row_info(const DecodeParams& p, int row_tile, int warp, int lane) {
-    RowInfo r;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      r.local[i] = 16 * warp + lane / 4 + 8 * i;
-      const int row = row_tile * kTileRows + r.local[i];
-      r.valid[i] = row < p.num_rows;
-      r.token[i] = row / p.num_heads;
-      r.head[i] = row % p.num_heads;
-    }
-    return r;
-  }
 
   // Stages the query tile of `request` (query_tile.cuh); called by all threads of both
   // consumers, between two pieces of a part, with the tensor cores idle.
@@ -455,75 +435,10 @@ struct DecodeKernel {
     return sm90::smem_u32(s.message_probs + (warp * kProbGroups + group) * 32 + lane);
   }
 
-  // Final output rows leave through shared memory, so that every global store writes 16
-  // contiguous bytes: in the accumulator layout a thread holds 4 bytes of each 16 columns, and
-  // storing them directly writes every 32-byte sector in two halves, from two instructions.
-  // Each warp stages 16 rows x 128 columns at a time (swizzled by 16-byte chunk) in its own
-  // part of the query tile, which is free there: every score wgmma of the piece has retired in
-  // both consumers, and the next piece's query is written only after both pass the consumers'
-  // barrier.
-  static constexpr int kStageColumns = 128;
-  static constexpr int kStageRowBytes = kStageColumns * 2;
-  static constexpr int kStageWarpBytes = 16 * kStageRowBytes;
-  static_assert(8 * kStageWarpBytes <= kTileBytes, "the output stages of 8 warps must fit in the query tile");
-
-  // Writes this thread's half of the output rows: final BF16 (x output_scale) or an FP32
-  // partial for the combine kernel. Called by every thread of the consumer warpgroup.
-  static __device__ void store_output(const DecodeParams& p, const Smem& s, const PartPiece& piece, const RowInfo& rows,
-                                      int row_tile, const float (&acc)[128], const float (&inv)[2], int half) {
-    if (piece.slot >= 0) {
-      const int col0 = half * kHalfValueDim + 2 * (threadIdx.x % 4);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (!rows.valid[i]) continue;
-        const int row = rows.token[i] * p.num_heads + rows.head[i];
-        float* dst = p.partial_out + (static_cast<int64_t>(piece.slot) * p.num_rows + row) * kLatentDim + col0;
-#pragma unroll
-        for (int n = 0; n < 32; ++n)
-          *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(acc[4 * n + 2 * i] * inv[i], acc[4 * n + 2 * i + 1] * inv[i]);
-      }
-      return;
-    }
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const float scale[2] = {inv[0] * p.output_scale, inv[1] * p.output_scale};
-    // Where the warp's row lane % 16 goes in `out` (kNoRow: past num_rows); the stores below ask
-    // lanes 0-15 for their rows' offsets. Offsets may be negative (any of out's strides may be),
-    // so the sentinel is one no row can have: |offset| stays below 2^62 for any tensor that fits.
-    constexpr int64_t kNoRow = INT64_MIN;
-    int64_t my_row_offset = kNoRow;
-    if (const int row = row_tile * kTileRows + 16 * warp + lane % 16; row < p.num_rows)
-      my_row_offset = piece.request * p.out_stride_batch + (row / p.num_heads) * p.out_stride_token +
-                      (row % p.num_heads) * p.out_stride_head;
-    const uint32_t stage = sm90::smem_u32(s.q) + (4 * half + warp) * kStageWarpBytes;
-    // stmatrix: lanes 8j .. 8j + 7 name the rows of matrix j of each x4, which holds rows
-    // 8 (j & 1) .. + 7 (accumulator row i = j & 1) of column group 2k + (j >> 1).
-    const int matrix = lane / 8, matrix_row = lane % 8;
-    const uint32_t stmatrix_row = stage + (8 * (matrix & 1) + matrix_row) * kStageRowBytes;
-#pragma unroll
-    for (int round = 0; round < kHalfValueDim / kStageColumns; ++round) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int n = round * 16 + 2 * k;  // accumulator column group (8 columns)
-        const uint4 v = make_uint4(sm90::pack_bf16x2(acc[4 * n] * scale[0], acc[4 * n + 1] * scale[0]),
-                                   sm90::pack_bf16x2(acc[4 * n + 2] * scale[1], acc[4 * n + 3] * scale[1]),
-                                   sm90::pack_bf16x2(acc[4 * n + 4] * scale[0], acc[4 * n + 5] * scale[0]),
-                                   sm90::pack_bf16x2(acc[4 * n + 6] * scale[1], acc[4 * n + 7] * scale[1]));
-        const int chunk = 2 * k + (matrix >> 1);
-        sm90::stmatrix_x4(stmatrix_row + ((chunk ^ matrix_row) << 4), v);
-      }
-      __syncwarp();
-      // Lanes 0-15 write one row's 256 bytes, lanes 16-31 the next row's.
-#pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        const int row = 2 * m + lane / 16, chunk = lane % 16;
-        const uint4 v = sm90::ld_shared_v4(stage + row * kStageRowBytes + ((chunk ^ (row % 8)) << 4));
-        const int64_t row_offset = __shfl_sync(0xffffffffu, my_row_offset, row);
-        if (row_offset != kNoRow)
-          *reinterpret_cast<uint4*>(p.out + row_offset + half * kHalfValueDim + round * kStageColumns + 8 * chunk) = v;
-      }
-      __syncwarp();  // read before the next round overwrites the stage
-    }
-  }
+  // Final output rows are staged (store_output_half) in each warp's part of the query tile, which
+  // is free there: every score wgmma of the piece has retired in both consumers, and the next
+  // piece's query is written only after both pass the consumers' barrier.
+  static_assert(8 * kOutputStageWarpBytes <= kTileBytes, "the output stages of 8 warps must fit in the query tile");
 
   // Online softmax (base 2) of one block's scores, `block_scores`, into `probabilities` (the same
   // array, or registers of the caller's own: the seesaw's scorer writes them apart from the
@@ -898,42 +813,11 @@ struct DecodeKernel {
       retire_wgmmas();
       j += num_blocks;
 
-      // Normalisers and LSE (natural log). Invalid seq_len, or a NaN score (the max skips it,
-      // the sum does not): NaN rows, as the reference's.
       float inv[2], lse[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float sum = row_sums.exact[i], weights = row_sums.weights[i];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        weights += __shfl_xor_sync(0xffffffffu, weights, 1);
-        weights += __shfl_xor_sync(0xffffffffu, weights, 2);
-        if (piece.num_blocks < 0 || sum != sum) {
-          inv[i] = lse[i] = NAN;
-        } else if (sum > 0.f) {
-          // A sum of probabilities scaled so that the row's maximum is near 2^kBias: far inside
-          // [2^-126, 2^126], where the fast reciprocal is within 2 ulp. It has no IEEE slow
-          // path, which ptxas would otherwise outline into a call (and spill around it).
-          inv[i] = weights > 0.f ? __fdividef(1.f, weights) : 0.f;
-          lse[i] = (row_max[i] - kBias + __log2f(sum)) * 0.69314718055994530942f;
-        } else {
-          inv[i] = 0.f;
-          lse[i] = -INFINITY;
-        }
-      }
-      store_output(p, s, piece, rows, row_tile, acc, inv, me);
-      if (me == 0 && lane % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if (!rows.valid[i]) continue;
-          if (piece.slot >= 0) {
-            p.partial_lse[static_cast<int64_t>(piece.slot) * p.num_rows + rows.token[i] * p.num_heads + rows.head[i]] = lse[i];
-          } else if (p.lse != nullptr) {
-            p.lse[piece.request * p.lse_stride_batch + rows.token[i] * p.lse_stride_token +
-                  rows.head[i] * p.lse_stride_head] = lse[i];
-          }
-        }
-      }
+      piece_normalisers(piece.num_blocks, row_sums.exact, row_sums.weights, row_max, kBias, inv, lse);
+      const uint32_t warp_stage = sm90::smem_u32(s.q) + (4 * me + warp) * kOutputStageWarpBytes;
+      store_output_half(p, warp_stage, piece, rows, row_tile, acc, inv, me);
+      if (me == 0) store_lse(p, piece, rows, lse);
       if (piece.slot >= 0) count_slot_writer(p, piece.slot);  // the combine may merge it
     }
   }
