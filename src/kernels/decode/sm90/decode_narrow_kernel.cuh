@@ -43,6 +43,7 @@
 #include "kernels/decode/sm90/config.h"
 #include "kernels/decode/sm90/decode_producer.cuh"
 #include "kernels/decode/sm90/fp8_format.cuh"
+#include "kernels/decode/sm90/output_rows.cuh"
 #include "kernels/decode/sm90/params.h"
 #include "kernels/decode/sm90/plan.cuh"
 #include "kernels/decode/sm90/query_tile.cuh"
@@ -471,15 +472,7 @@ struct NarrowDecodeKernel {
       const float sum = exact[0] * scale0 + exact[1] * scale1;
       const float weight = weights[0] * scale0 + weights[1] * scale1;
       float inv, lse;
-      if (piece.num_blocks < 0 || sum != sum) {  // invalid seq_len, or a NaN score: NaN rows
-        inv = lse = NAN;
-      } else if (sum > 0.f) {
-        inv = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
-        lse = (m - Traits::kProbabilityLog2Bias + __log2f(sum)) * 0.69314718055994530942f;
-      } else {
-        inv = 0.f;
-        lse = -INFINITY;
-      }
+      row_normaliser(piece.num_blocks, sum, weight, m, Traits::kProbabilityLog2Bias, inv, lse);
       my_weight = (me == 0 ? scale0 : scale1) * inv;
       if (me == 0 && warp == 0 && lane < kRows && row < p.num_rows) {
         if (piece.slot >= 0) {

@@ -1,7 +1,7 @@
-// The end of a piece in the SM90 decode kernels whose P·V warpgroups each own half of the output
-// columns (decode_kernel.cuh, decode_scorer_kernel.cuh): a thread's two accumulator rows, the
-// rows' normalisers and LSE, and the stores of the output (final BF16, or FP32 partials for the
-// combine kernel).
+// The end of a piece in the SM90 decode kernels: a row's normaliser and LSE (every kernel, the
+// narrow one included), and, for kernels whose P·V warpgroups each own half of the output columns
+// in the wgmma accumulator layout (decode_kernel.cuh), a thread's two rows, their normalisers
+// and the output stores (final BF16, or FP32 partials for the combine kernel).
 #pragma once
 
 #include <cmath>
@@ -35,11 +35,29 @@ __device__ __forceinline__ RowInfo row_info(const DecodeParams& p, int row_tile,
   return r;
 }
 
-// The output normalisers and LSE (natural log) of a thread's two rows at the end of a piece,
-// from its share of the row sums (`exact`: of the probabilities as computed, for the LSE;
-// `weights`: as the P·V multiplied them, the normaliser) and the rows' maxima (base 2, biased
-// by bias_log2). Invalid seq_len (num_blocks < 0), or a NaN score (the max skips it, the sum
-// does not): NaN rows, as the reference's; rows that saw no key: output 0, LSE -inf.
+// The output normaliser and LSE (natural log) of one row at the end of a piece, from its sums
+// (`sum`: of the probabilities as computed, for the LSE; `weight`: as the P·V multiplied them,
+// the normaliser) and its max (base 2, biased by bias_log2). Invalid seq_len (num_blocks < 0),
+// or a NaN score (the max skips it, the sum does not): NaN rows, as the reference's; rows that
+// saw no key: output 0, LSE -inf.
+__device__ __forceinline__ void row_normaliser(int num_blocks, float sum, float weight, float row_max, float bias_log2,
+                                               float& inv, float& lse) {
+  if (num_blocks < 0 || sum != sum) {
+    inv = lse = NAN;
+  } else if (sum > 0.f) {
+    // A sum of probabilities scaled so that the row's maximum is near 2^bias: far inside
+    // [2^-126, 2^126], where the fast reciprocal is within 2 ulp. It has no IEEE slow
+    // path, which ptxas would otherwise outline into a call (and spill around it).
+    inv = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
+    lse = (row_max - bias_log2 + __log2f(sum)) * 0.69314718055994530942f;
+  } else {
+    inv = 0.f;
+    lse = -INFINITY;
+  }
+}
+
+// row_normaliser of a thread's two accumulator rows, from its share of their sums (summed over
+// the quad here).
 __device__ __forceinline__ void piece_normalisers(int num_blocks, const float (&exact)[2], const float (&weights)[2],
                                                   const float (&row_max)[2], float bias_log2, float (&inv)[2],
                                                   float (&lse)[2]) {
@@ -50,18 +68,7 @@ __device__ __forceinline__ void piece_normalisers(int num_blocks, const float (&
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     weight += __shfl_xor_sync(0xffffffffu, weight, 1);
     weight += __shfl_xor_sync(0xffffffffu, weight, 2);
-    if (num_blocks < 0 || sum != sum) {
-      inv[i] = lse[i] = NAN;
-    } else if (sum > 0.f) {
-      // A sum of probabilities scaled so that the row's maximum is near 2^bias: far inside
-      // [2^-126, 2^126], where the fast reciprocal is within 2 ulp. It has no IEEE slow
-      // path, which ptxas would otherwise outline into a call (and spill around it).
-      inv[i] = weight > 0.f ? __fdividef(1.f, weight) : 0.f;
-      lse[i] = (row_max[i] - bias_log2 + __log2f(sum)) * 0.69314718055994530942f;
-    } else {
-      inv[i] = 0.f;
-      lse[i] = -INFINITY;
-    }
+    row_normaliser(num_blocks, sum, weight, row_max[i], bias_log2, inv[i], lse[i]);
   }
 }
 
