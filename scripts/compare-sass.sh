@@ -12,9 +12,10 @@
 #   same opcodes       the same instructions in the same order (comparison directions folded:
 #                      FSETP.GT a, b is FSETP.LT b, a); registers, operands or predicates differ
 #   different N        N lines of the SASS differ
+#   new                a unit the working tree adds (its source is not in BASE_REV)
 # with ptxas's register and spill lines of both sides where they differ. The SASS and the
 # diffs stay in BUILD/compare-sass/ (BUILD: SPEEDMLA_BUILD_DIR or build/, made by
-# scripts/setup.sh). Exits 1 if any unit is not identical.
+# scripts/setup.sh). Exits 1 if any unit is not identical (a new one included).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${SPEEDMLA_BUILD_DIR:-$root/build}"
@@ -56,13 +57,22 @@ compile() {
     > "$out/${side}_$name.sass"
 }
 
+# Whether BASE_REV has the unit's source (CMakeFiles/<target>.dir/<source>.o).
+in_base() {
+  local source=${1#CMakeFiles/*.dir/}
+  [ -f "$base_tree/${source%.o}" ]
+}
+
 failed=0
 for object in "${objects[@]}"; do
-  compile "$object" "$base_tree" base &
-  base_job=$!
+  base_job=
+  if in_base "$object"; then
+    compile "$object" "$base_tree" base &
+    base_job=$!
+  fi
   compile "$object" "$root" tree &
   tree_job=$!
-  wait "$base_job" || failed=1
+  [ -z "$base_job" ] || wait "$base_job" || failed=1
   wait "$tree_job" || failed=1
 done
 [ "$failed" = 0 ] || exit 2
@@ -77,6 +87,11 @@ opcodes() {
 printf "%-34s %s\n" "unit (base $base_rev -> working tree)" "machine code"
 for object in "${objects[@]}"; do
   name=$(basename "$object" .cu.o)
+  if ! in_base "$object"; then
+    printf "%-34s %s\n" "$name" new
+    status=1
+    continue
+  fi
   if cmp -s "$out/base_$name.sass" "$out/tree_$name.sass"; then
     printf "%-34s %s\n" "$name" identical
     continue
